@@ -1,0 +1,331 @@
+//! The dependency chain of one variable: the ops waiting on it, in push
+//! order, and the *token* that grants them.
+//!
+//! # Model
+//!
+//! Every op that touches a variable contributes one [`Edge`] (a read or a
+//! write) to that variable's chain. Edges are granted in push order: a run of
+//! reads is granted together, a write is granted alone once every earlier read
+//! has completed. This is MXNet's per-variable queue, without its mutex.
+//!
+//! # Protocol
+//!
+//! The chain is an intrusive MPSC list (Vyukov's) plus a token:
+//!
+//! - `tail` points at the newest edge, or is null when the chain is idle.
+//!   Appending is one `swap` on `tail` and one `fetch_or` that links the
+//!   previous edge to the new one: wait-free, no lock.
+//! - Exactly one thread at a time holds the **token**: the right to grant the
+//!   oldest edge not yet granted. A token holder grants reads one after the
+//!   other; at a write it stops: the write is granted at once if no read is in
+//!   flight, otherwise the token is *parked* on the write (`parked` plus the
+//!   `WAITING` bit of `rw`) and the last reader to complete grants it.
+//!   The token then stays with the write until that write completes.
+//! - To move past an edge, the token holder looks for its successor. If there
+//!   is none yet it either resets `tail` to null (the chain goes idle; the next
+//!   appender finds null and takes the token) or, if an appender has already
+//!   swapped itself in but not yet linked, it sets `PASSED` on the edge and
+//!   leaves: the appender's `fetch_or` then sees `PASSED` and carries on as the
+//!   token holder. Every hand-off is a single atomic read-modify-write whose
+//!   result tells each side which one came second.
+//!
+//! `rw` counts granted reads that have not completed (in units of `READER`)
+//! and carries `WAITING` while a write waits for them.
+//!
+//! # Memory reclamation: why no epoch
+//!
+//! An edge is reachable by at most two threads: the token holder, and the
+//! appender that got it back from `swap` and will link a successor into it.
+//! Whichever of the two finishes with it second (the side whose read-modify-
+//! write observes the other's mark, or the holder whose `tail` reset succeeded
+//! so that no appender can exist) calls [`Owner::release`], exactly once per
+//! edge. No thread ever dereferences an edge it did not obtain this way, so
+//! there is nothing for crossbeam-epoch to protect: the handshake *is* the
+//! reclamation protocol, as in Vyukov's queue and tokio's intrusive lists.
+//! Edges live inside their op's allocation; `release` drops the op's hold on
+//! that allocation when its last edge is released.
+//!
+//! # Safety contract
+//!
+//! All pointer work of the engine's dependency tracking lives in this module.
+//! Callers promise that an edge passed to [`Chain::link`] stays valid until
+//! its owner's `release` is called for it, that it is linked into one chain
+//! once, and that every granted edge is completed exactly once.
+
+use std::ptr;
+
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering::*, UnsafeCell};
+
+/// What the chain needs from the op that owns an edge.
+pub trait Owner {
+    /// One of the owner's edges has been granted; called once per edge.
+    fn grant(&self);
+
+    /// The chain will never touch one of the owner's edges again; called once
+    /// per edge.
+    ///
+    /// # Safety
+    ///
+    /// `this` points to a live owner. The callee may free it, so the caller
+    /// must not use `this` or the edge afterwards.
+    unsafe fn release(this: *const Self);
+}
+
+/// `link` bit: the token holder has moved past this edge and left the rest to
+/// the appender of the next edge. The other bits hold that next edge.
+const PASSED: usize = 0b1;
+
+/// `rw` bit: a write holds the parked token and waits for the reads in flight.
+const WAITING: usize = 0b1;
+/// `rw` unit: one granted read in flight.
+const READER: usize = 0b10;
+
+/// One op's access to one variable.
+pub struct Edge<O> {
+    /// The next edge's address, or'ed with `PASSED`.
+    link: AtomicUsize,
+    /// The op this edge belongs to; set once before the edge is linked.
+    owner: UnsafeCell<*const O>,
+    write: bool,
+}
+
+// SAFETY: an edge is shared between the threads of the chain protocol; its
+// only mutable state is the atomic `link`, and `owner` is written once before
+// the edge is published and only read afterwards.
+unsafe impl<O: Sync> Send for Edge<O> {}
+// SAFETY: as above.
+unsafe impl<O: Sync> Sync for Edge<O> {}
+
+impl<O> Edge<O> {
+    /// A fresh edge, not yet owned or linked.
+    pub fn new(write: bool) -> Self {
+        Self {
+            link: AtomicUsize::new(0),
+            owner: UnsafeCell::new(ptr::null()),
+            write,
+        }
+    }
+
+    /// Whether this edge mutates its variable.
+    pub fn is_write(&self) -> bool {
+        self.write
+    }
+
+    /// Records the op that owns this edge.
+    ///
+    /// # Safety
+    ///
+    /// The edge is not linked yet and no other thread can see it.
+    pub unsafe fn set_owner(&self, owner: *const O) {
+        // SAFETY: the caller guarantees exclusive access.
+        self.owner.with_mut(|p| unsafe { *p = owner });
+    }
+
+    fn owner(&self) -> *const O {
+        // SAFETY: written once before the edge was published (see `set_owner`);
+        // publication through `tail`/`link` orders that write before this read.
+        self.owner.with(|p| unsafe { *p })
+    }
+}
+
+impl<O> std::fmt::Debug for Edge<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Edge").field("write", &self.write).finish_non_exhaustive()
+    }
+}
+
+/// One variable's chain of edges.
+pub struct Chain<O> {
+    tail: AtomicPtr<Edge<O>>,
+    rw: AtomicUsize,
+    /// The write the token is parked on while `rw` carries `WAITING`.
+    parked: UnsafeCell<*const Edge<O>>,
+}
+
+// SAFETY: all shared state is atomic except `parked`, which only the token
+// holder writes and only the reader that takes the parked token reads, with
+// the `rw` read-modify-writes ordering the two (see `advance`).
+unsafe impl<O: Sync> Send for Chain<O> {}
+// SAFETY: as above.
+unsafe impl<O: Sync> Sync for Chain<O> {}
+
+impl<O> Default for Chain<O> {
+    fn default() -> Self {
+        Self {
+            tail: AtomicPtr::new(ptr::null_mut()),
+            rw: AtomicUsize::new(0),
+            parked: UnsafeCell::new(ptr::null()),
+        }
+    }
+}
+
+impl<O> std::fmt::Debug for Chain<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rw = self.rw.load(Relaxed);
+        f.debug_struct("Chain")
+            .field("idle", &self.tail.load(Relaxed).is_null())
+            .field("reads_in_flight", &(rw / READER))
+            .field("write_waiting", &(rw & WAITING != 0))
+            .finish()
+    }
+}
+
+impl<O: Owner> Chain<O> {
+    /// Whether no edge is queued or in flight (a snapshot, for diagnostics).
+    pub fn is_idle(&self) -> bool {
+        self.tail.load(Acquire).is_null() && self.rw.load(Acquire) == 0
+    }
+
+    /// Appends `e` and, if that hands this thread the token, grants what can
+    /// be granted.
+    ///
+    /// # Safety
+    ///
+    /// See the module's safety contract; `e` has its owner set.
+    pub unsafe fn append(&self, e: *const Edge<O>) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if self.link(e) {
+                self.advance(e);
+            }
+        }
+    }
+
+    /// Links `e` at the tail. Returns `true` when this call took the token;
+    /// the caller must then call [`advance`](Self::advance)`(e)`, possibly
+    /// later (multi-variable pushes link under a lock and advance after it).
+    ///
+    /// # Safety
+    ///
+    /// As for [`append`](Self::append).
+    pub unsafe fn link(&self, e: *const Edge<O>) -> bool {
+        // AcqRel: publishes `e`'s initialisation to the next appender, and
+        // takes the idle token's history from the last holder.
+        let prev = self.tail.swap(e.cast_mut(), AcqRel);
+        if prev.is_null() {
+            return true;
+        }
+        // SAFETY: `prev` came from our swap: until we mark it, the token
+        // holder cannot release it (it either sees our link or sets PASSED and
+        // leaves the release to us).
+        unsafe {
+            let old = (*prev).link.fetch_or(e as usize, AcqRel);
+            debug_assert_eq!(old & !PASSED, 0, "edge linked twice");
+            if old & PASSED == 0 {
+                return false;
+            }
+            // The holder passed `prev` before we linked: we are the last to
+            // touch it, and the token is ours.
+            O::release((*prev).owner());
+        }
+        true
+    }
+
+    /// Grants from `e`, which holds the token, as far as the rules allow.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the token at `e`.
+    pub unsafe fn advance(&self, mut e: *const Edge<O>) {
+        loop {
+            // SAFETY: we hold the token at `e`, so `e` is not released.
+            let (owner, write) = unsafe { ((*e).owner(), (*e).write) };
+            if write {
+                // Park the token here first: if readers are in flight, the last
+                // one reads `parked` after our CAS below publishes it.
+                // SAFETY: only the token holder writes `parked`.
+                self.parked.with_mut(|p| unsafe { *p = e });
+                let mut cur = self.rw.load(Acquire);
+                loop {
+                    if cur == 0 {
+                        // SAFETY: the owner is alive until its edges complete.
+                        unsafe { (*owner).grant() };
+                        return;
+                    }
+                    match self.rw.compare_exchange(cur, cur | WAITING, AcqRel, Acquire) {
+                        Ok(_) => return,
+                        Err(actual) => cur = actual,
+                    }
+                }
+            }
+            self.rw.fetch_add(READER, AcqRel);
+            // SAFETY: the owner is alive until its edges complete.
+            unsafe { (*owner).grant() };
+            // SAFETY: we still hold the token at `e`.
+            match unsafe { self.pass(e) } {
+                Some(next) => e = next,
+                None => return,
+            }
+        }
+    }
+
+    /// Completes a granted read of this variable.
+    ///
+    /// # Safety
+    ///
+    /// One granted, not yet completed read edge of this chain is completed
+    /// by this call.
+    pub unsafe fn complete_read(&self) {
+        let prev = self.rw.fetch_sub(READER, AcqRel);
+        debug_assert!(prev >= READER, "read completed twice");
+        if prev == READER | WAITING {
+            // Last reader out, a write waits: the parked token is ours. Nobody
+            // else touches `rw` now (no reads in flight, the token is here).
+            self.rw.store(0, Relaxed);
+            // SAFETY: `parked` was written before the CAS that set WAITING,
+            // which our fetch_sub (Acquire) read; the parked edge holds the
+            // token so it is not released.
+            unsafe {
+                let w = self.parked.with(|p| *p);
+                (*(*w).owner()).grant();
+            }
+        }
+    }
+
+    /// Completes the granted write `e` and hands the token on.
+    ///
+    /// # Safety
+    ///
+    /// `e` is this chain's granted write, completed once.
+    pub unsafe fn complete_write(&self, e: *const Edge<O>) {
+        // SAFETY: a granted write holds the token until it completes.
+        unsafe {
+            if let Some(next) = self.pass(e) {
+                self.advance(next);
+            }
+        }
+    }
+
+    /// Moves the token past `e`. Returns the next edge (now holding the token),
+    /// or `None` when the chain went idle or an appender takes over.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the token at `e`; `e` must not be used after.
+    unsafe fn pass(&self, e: *const Edge<O>) -> Option<*const Edge<O>> {
+        // SAFETY: we hold the token at `e`, so it is live until we release it.
+        unsafe {
+            let owner = (*e).owner();
+            let mut link = (*e).link.load(Acquire);
+            if link == 0 {
+                // No successor linked yet. If none was appended, go idle.
+                if self
+                    .tail
+                    .compare_exchange(e.cast_mut(), ptr::null_mut(), AcqRel, Relaxed)
+                    .is_ok()
+                {
+                    O::release(owner);
+                    return None;
+                }
+                // An appender swapped itself in and is about to link: whoever of
+                // us marks `link` second carries on.
+                link = (*e).link.fetch_or(PASSED, AcqRel);
+                if link == 0 {
+                    return None;
+                }
+            }
+            O::release(owner);
+            Some((link & !PASSED) as *const Edge<O>)
+        }
+    }
+}

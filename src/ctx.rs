@@ -1,0 +1,268 @@
+//! What an op's body sees: the values of the variables it declared.
+//!
+//! Access is checked against the op's declaration at run time: reading a
+//! variable the op did not declare, or mutating one it declared as read, is an
+//! [`Error`], never undefined behaviour. Borrows of a mutated variable are
+//! tracked like a `RefCell`'s, so a body cannot hold `&mut T` and `&T` of the
+//! same variable at once.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::task::Waker;
+
+use crate::error::Error;
+use crate::exec::Device;
+use crate::op::{OpBlock, OpEdge};
+use crate::var::Var;
+
+/// Borrow counters kept inline for this many variables; more spill to the heap.
+const INLINE_BORROWS: usize = 4;
+/// Borrow counter value of a variable borrowed mutably.
+const MUT: i32 = -1;
+
+/// The context an op's body runs in: it gives access to the values of the
+/// variables the op declared.
+///
+/// A synchronous op ([`Engine::push`](crate::Engine::push)) gets `&OpCtx` for
+/// the duration of its closure. An async op
+/// ([`Engine::push_async`](crate::Engine::push_async)) owns its `OpCtx`: the
+/// op keeps its dependencies until both its future has finished and the
+/// context has been dropped, so a context that escapes the future keeps the
+/// variables locked until it is dropped.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let a = engine.var(2);
+/// let b = engine.var(0);
+/// engine
+///     .push(&[&a], &[&b], {
+///         let (a, b) = (a.clone(), b.clone());
+///         move |ctx| -> Result<(), depflow::Error> {
+///             *ctx.write(&b)? = *ctx.read(&a)? + 1;
+///             Ok(())
+///         }
+///     })?
+///     .wait()?;
+/// # Ok::<(), depflow::Error>(())
+/// ```
+pub struct OpCtx {
+    op: *const OpBlock,
+    borrows: Borrows,
+    /// For a leased context: a waker of the op's task, keeping its allocation
+    /// (and so `op`) alive for as long as the context lives.
+    lease: Option<Waker>,
+}
+
+// SAFETY: `op` points to the `Sync` metadata of a task kept alive for the
+// context's lifetime; the other fields are `Send + Sync`.
+unsafe impl Send for OpCtx {}
+// SAFETY: as above.
+unsafe impl Sync for OpCtx {}
+
+enum Borrows {
+    Inline([AtomicI32; INLINE_BORROWS]),
+    Heap(Box<[AtomicI32]>),
+}
+
+impl Borrows {
+    fn new(edges: usize) -> Self {
+        if edges <= INLINE_BORROWS {
+            Borrows::Inline(Default::default())
+        } else {
+            Borrows::Heap((0..edges).map(|_| AtomicI32::new(0)).collect())
+        }
+    }
+
+    fn get(&self, i: usize) -> &AtomicI32 {
+        match self {
+            Borrows::Inline(b) => &b[i],
+            Borrows::Heap(b) => &b[i],
+        }
+    }
+}
+
+impl OpCtx {
+    /// A context borrowed for one call of a synchronous body.
+    pub(crate) fn borrowed(op: &OpBlock) -> Self {
+        Self {
+            op,
+            borrows: Borrows::new(op.edges().len()),
+            lease: None,
+        }
+    }
+
+    /// A context owned by an async body; `anchor` is a waker of the op's task.
+    pub(crate) fn leased(op: &OpBlock, anchor: Waker) -> Self {
+        Self {
+            op,
+            borrows: Borrows::new(op.edges().len()),
+            lease: Some(anchor),
+        }
+    }
+
+    fn op(&self) -> &OpBlock {
+        // SAFETY: a borrowed context lives within the body's call, during which
+        // the task (and its metadata) is alive; a leased one holds a waker of
+        // the task, which keeps the allocation alive.
+        unsafe { &*self.op }
+    }
+
+    fn find<T>(&self, var: &Var<T>) -> Result<(usize, &OpEdge), Error>
+    where
+        T: Send + Sync,
+    {
+        let core = crate::var::AnyVar::core(var);
+        self.op()
+            .edges()
+            .iter()
+            .enumerate()
+            .find(|(_, e)| std::sync::Arc::ptr_eq(&e.var, core))
+            .ok_or(Error::NotDeclared(var.id()))
+    }
+
+    /// Borrows the value of a variable the op declared (read or mutated).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDeclared`] if the op did not declare `var`;
+    /// [`Error::Borrowed`] if the body holds a mutable borrow of it.
+    pub fn read<'a, T>(&'a self, var: &'a Var<T>) -> Result<VarRef<'a, T>, Error>
+    where
+        T: Send + Sync,
+    {
+        let (i, edge) = self.find(var)?;
+        let count = if edge.edge.is_write() {
+            let count = self.borrows.get(i);
+            count
+                .fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| (c != MUT).then_some(c + 1))
+                .map_err(|_| Error::Borrowed(var.id()))?;
+            Some(count)
+        } else {
+            None
+        };
+        // SAFETY: the op holds a grant on `var` while this context lives, and
+        // the borrow count excludes a live mutable borrow from this body.
+        match unsafe { var.value().get() } {
+            Some(value) => Ok(VarRef { value, count }),
+            None => {
+                if let Some(c) = count {
+                    c.fetch_sub(1, Ordering::Release);
+                }
+                Err(Error::Deleted(var.id()))
+            }
+        }
+    }
+
+    /// Mutably borrows the value of a variable the op declared as mutated.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDeclared`] if the op did not declare `var`;
+    /// [`Error::NotMutable`] if it declared it as read only;
+    /// [`Error::Borrowed`] if the body already borrows it.
+    pub fn write<'a, T>(&'a self, var: &'a Var<T>) -> Result<VarMut<'a, T>, Error>
+    where
+        T: Send + Sync,
+    {
+        let (i, edge) = self.find(var)?;
+        if !edge.edge.is_write() {
+            return Err(Error::NotMutable(var.id()));
+        }
+        let count = self.borrows.get(i);
+        count
+            .compare_exchange(0, MUT, Ordering::Acquire, Ordering::Relaxed)
+            .map_err(|_| Error::Borrowed(var.id()))?;
+        // SAFETY: the op holds the write grant on `var` while this context
+        // lives, and the borrow count makes this the only borrow of it.
+        match unsafe { var.value().get_mut() } {
+            Some(value) => Ok(VarMut { value, count }),
+            None => {
+                count.store(0, Ordering::Release);
+                Err(Error::Deleted(var.id()))
+            }
+        }
+    }
+
+    /// The op's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.op().name()
+    }
+
+    /// The device the op runs on.
+    pub fn device(&self) -> Device {
+        Device::new(self.op().shared().id(), self.op().device())
+    }
+}
+
+impl Drop for OpCtx {
+    fn drop(&mut self) {
+        if let Some(anchor) = self.lease.take() {
+            self.op().lease_dropped();
+            drop(anchor);
+        }
+    }
+}
+
+impl std::fmt::Debug for OpCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpCtx").field("op", self.op()).finish()
+    }
+}
+
+/// A shared borrow of a variable's value, from [`OpCtx::read`].
+pub struct VarRef<'a, T> {
+    value: &'a T,
+    count: Option<&'a AtomicI32>,
+}
+
+impl<T> Deref for VarRef<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> Drop for VarRef<'_, T> {
+    fn drop(&mut self) {
+        if let Some(c) = self.count {
+            c.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for VarRef<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+/// A mutable borrow of a variable's value, from [`OpCtx::write`].
+pub struct VarMut<'a, T> {
+    value: &'a mut T,
+    count: &'a AtomicI32,
+}
+
+impl<T> Deref for VarMut<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> DerefMut for VarMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value
+    }
+}
+
+impl<T> Drop for VarMut<'_, T> {
+    fn drop(&mut self) {
+        self.count.store(0, Ordering::Release);
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for VarMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}

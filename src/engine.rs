@@ -1,0 +1,715 @@
+//! The engine: variables, pushes, waits, and its lifetime.
+//!
+//! # What serialises what
+//!
+//! A push of an op on **one** variable takes no lock: it is one append to that
+//! variable's chain. A push on **several** variables links its edges while
+//! holding the engine's push lock, so that every variable's chain sees
+//! multi-variable ops in one global order. Without it, two threads pushing
+//! `(read A, mutate B)` and `(mutate A, read B)` could each get ahead of the
+//! other on one variable: a wait-for cycle. The lock is cheap: it is held for
+//! one `swap` and one `fetch_or` per variable, never while granting or running
+//! anything, and uncontended when one thread pushes. Single-variable ops need
+//! no place in the global order: a cycle through one of them can be shortened
+//! to one through multi-variable ops only, since its two neighbours are
+//! ordered on its single variable.
+//!
+//! # Lifetime
+//!
+//! [`Engine`] handles share one `Handle`; the last one dropped shuts the
+//! engine down: new pushes are refused, every op already pushed runs to the
+//! end, then the executors stop and their threads are joined. Ops refer to
+//! the engine's shared state by pointer, which is sound because that state
+//! outlives every pending op: shutdown waits for them.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+
+use async_task::{Builder, ScheduleInfo};
+
+use crate::ctx::OpCtx;
+use crate::error::{BoxError, Error, OpFailure};
+use crate::exec::{Device, Executor, Queue};
+use crate::handle::{OpHandle, Wait};
+use crate::op::{AsyncBody, Body, Edges, Mode, OpBlock, OpEdge, OpFuture, Runner, SyncBody, in_op, with_current_op};
+use crate::pending::Pending;
+use crate::sync::Mutex;
+use crate::var::{AnyVar, Var, VarCore, VarState};
+
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The name of the default device.
+pub const DEFAULT_DEVICE: &str = "cpu";
+
+/// State shared by an engine's handles and its ops.
+pub(crate) struct Shared {
+    id: u64,
+    devices: Box<[DeviceSlot]>,
+    pub(crate) pending: Pending,
+    pub(crate) push_lock: Mutex<()>,
+    closed: AtomicBool,
+    failures: StdMutex<FailureLog>,
+    next_var: AtomicU64,
+}
+
+struct DeviceSlot {
+    name: String,
+    queue: Box<dyn Queue>,
+}
+
+#[derive(Default)]
+struct FailureLog {
+    first: Option<Arc<OpFailure>>,
+    count: usize,
+}
+
+impl Shared {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Hands a ready op to its device's executor.
+    pub(crate) fn dispatch(&self, runner: Runner, yielded: bool) {
+        let device = runner.metadata().device() as usize;
+        self.devices[device].queue.schedule(runner, yielded);
+    }
+
+    pub(crate) fn record_failure(&self, failure: Arc<OpFailure>) {
+        let mut log = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        log.first.get_or_insert(failure);
+        log.count += 1;
+    }
+
+    pub(crate) fn take_failures(&self) -> Result<(), Error> {
+        let mut log = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let count = std::mem::take(&mut log.count);
+        match log.first.take() {
+            Some(first) => Err(Error::Failures { first, count }),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses new pushes and returns a signal that fires once every op
+    /// pushed before has finished.
+    fn close(&self) -> Arc<crate::pending::Signal> {
+        self.closed.store(true, Ordering::SeqCst);
+        self.pending.wait()
+    }
+
+    fn stop_executors(&self) {
+        for device in self.devices.iter() {
+            device.queue.shutdown();
+        }
+    }
+}
+
+/// The last engine handle: dropping it shuts the engine down.
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let shared = self.shared.clone();
+        let stop = move || {
+            let drained = shared.close();
+            futures::executor::block_on(std::future::poll_fn(|cx| drained.poll_fired(cx)));
+            shared.stop_executors();
+        };
+        if in_op() {
+            // Dropped inside an op: waiting here would wait for this very op.
+            // Let a helper thread wait for the drain and stop the executors.
+            let spawned = std::thread::Builder::new().name("depflow-shutdown".into()).spawn(stop);
+            if spawned.is_err() {
+                // Cannot wait anywhere: the engine stays up (its ops still finish).
+            }
+        } else {
+            stop();
+        }
+    }
+}
+
+/// A dependency engine: push ops with the variables they read and mutate, and
+/// it runs them in parallel, as their dependencies allow.
+///
+/// Per variable, ops take effect in push order; reads of one variable run
+/// concurrently, a mutation runs alone; an op starts once all its variables
+/// allow it. Cheap to clone (`Send + Sync`); the last clone dropped finishes
+/// what was pushed and joins the engine's threads. Engines are independent of
+/// each other: there is no global instance.
+///
+/// ```
+/// use depflow::Engine;
+///
+/// let engine = Engine::new();
+/// let a = engine.var(2);
+/// let b = engine.var(0);
+/// let c = engine.var(0);
+/// // B = A + 1 and C = A + 2 may run in parallel; D = B * C waits for both.
+/// engine.push(&[&a], &[&b], {
+///     let (a, b) = (a.clone(), b.clone());
+///     move |ctx| -> Result<(), depflow::Error> { *ctx.write(&b)? = *ctx.read(&a)? + 1; Ok(()) }
+/// })?;
+/// engine.push(&[&a], &[&c], {
+///     let (a, c) = (a.clone(), c.clone());
+///     move |ctx| -> Result<(), depflow::Error> { *ctx.write(&c)? = *ctx.read(&a)? + 2; Ok(()) }
+/// })?;
+/// let d = engine.push(&[&b, &c], &[], {
+///     let (b, c) = (b.clone(), c.clone());
+///     move |ctx| -> Result<i32, depflow::Error> { Ok(*ctx.read(&b)? * *ctx.read(&c)?) }
+/// })?;
+/// assert_eq!(d.wait()?, 12);
+/// # Ok::<(), depflow::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    handle: Arc<Handle>,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shared = self.shared();
+        let devices: Vec<_> = shared.devices.iter().map(|d| (&d.name, &d.queue)).collect();
+        f.debug_struct("Engine")
+            .field("id", &shared.id)
+            .field("devices", &devices)
+            .field("in_flight", &shared.pending.in_flight())
+            .finish()
+    }
+}
+
+/// Configures an [`Engine`]: its default device's executor and any further
+/// named devices.
+#[derive(Debug)]
+pub struct EngineBuilder {
+    default: Executor,
+    devices: Vec<(String, Executor)>,
+}
+
+impl EngineBuilder {
+    /// The executor of the default device, named [`DEFAULT_DEVICE`]
+    /// (default: a pool with one thread per available core).
+    pub fn executor(mut self, executor: Executor) -> Self {
+        self.default = executor;
+        self
+    }
+
+    /// Shorthand for `.executor(Executor::pool(threads))`.
+    pub fn threads(self, threads: usize) -> Self {
+        self.executor(Executor::pool(threads))
+    }
+
+    /// Adds a named device with its own executor (its own threads, for a
+    /// pool). Push an op to it with [`OpBuilder::on`].
+    pub fn device(mut self, name: impl Into<String>, executor: Executor) -> Self {
+        self.devices.push((name.into(), executor));
+        self
+    }
+
+    /// Starts the engine.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a pool of zero threads, a repeated device name,
+    /// more than 65536 devices, or threads that could not be spawned.
+    pub fn build(self) -> Result<Engine, Error> {
+        let mut specs = vec![(DEFAULT_DEVICE.to_string(), self.default)];
+        specs.extend(self.devices);
+        if specs.len() > usize::from(u16::MAX) + 1 {
+            return Err(Error::Config("too many devices".into()));
+        }
+        let mut devices = Vec::with_capacity(specs.len());
+        for (name, executor) in &specs {
+            if devices.iter().any(|d: &DeviceSlot| &d.name == name) {
+                return Err(Error::Config(format!("device `{name}` is defined twice")));
+            }
+            if let crate::exec::Kind::Pool(0) = executor.0 {
+                return Err(Error::Config(format!("device `{name}`: a pool needs at least one thread")));
+            }
+            let queue = executor
+                .build(name)
+                .map_err(|e| Error::Config(format!("device `{name}`: cannot spawn its threads: {e}")))?;
+            devices.push(DeviceSlot {
+                name: name.clone(),
+                queue,
+            });
+        }
+        let shared = Arc::new(Shared {
+            id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+            devices: devices.into_boxed_slice(),
+            pending: Pending::default(),
+            push_lock: Mutex::new(()),
+            closed: AtomicBool::new(false),
+            failures: StdMutex::new(FailureLog::default()),
+            next_var: AtomicU64::new(0),
+        });
+        Ok(Engine {
+            handle: Arc::new(Handle { shared }),
+        })
+    }
+}
+
+impl Engine {
+    /// An engine whose default device is a work-stealing pool with one thread
+    /// per available core.
+    ///
+    /// # Panics
+    ///
+    /// If the pool's threads cannot be spawned; use [`Engine::builder`] to
+    /// handle that as an error.
+    pub fn new() -> Self {
+        Self::builder().build().expect("depflow: cannot start the engine")
+    }
+
+    /// Configures an engine.
+    pub fn builder() -> EngineBuilder {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        EngineBuilder {
+            default: Executor::pool(threads),
+            devices: Vec::new(),
+        }
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.handle.shared
+    }
+
+    /// A new plain variable: a tag for a resource the engine does not own.
+    pub fn new_var(&self) -> Var {
+        self.var(())
+    }
+
+    /// A new variable owning `value`, which ops reach through their
+    /// [`OpCtx`].
+    pub fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
+        let id = self.shared().next_var.fetch_add(1, Ordering::Relaxed);
+        Var::new(VarCore::new(self.shared().id, id), value)
+    }
+
+    /// The default device.
+    pub fn default_device(&self) -> Device {
+        Device::new(self.shared().id, 0)
+    }
+
+    /// The device named `name`, if the engine has one.
+    pub fn device(&self, name: &str) -> Option<Device> {
+        let index = self.shared().devices.iter().position(|d| d.name == name)?;
+        Some(Device::new(self.shared().id, index as u16))
+    }
+
+    /// The name of `device`, if it belongs to this engine.
+    pub fn device_name(&self, device: Device) -> Option<&str> {
+        if device.engine != self.shared().id {
+            return None;
+        }
+        self.shared().devices.get(device.index()).map(|d| d.name.as_str())
+    }
+
+    /// Describes an op to push with more options: a name, a priority, a
+    /// device.
+    pub fn op(&self) -> OpBuilder<'_> {
+        OpBuilder {
+            engine: self,
+            reads: &[],
+            mutates: &[],
+            name: None,
+            priority: 0,
+            device: None,
+        }
+    }
+
+    /// Pushes a synchronous op that reads `reads` and mutates `mutates`.
+    ///
+    /// The closure runs once every earlier op that conflicts with it (per
+    /// variable: earlier mutations for a read; earlier reads and mutations for
+    /// a mutation) has completed, on the default device. It gets an [`OpCtx`]
+    /// to reach the variables' values. A variable in both lists counts as
+    /// mutated; a repeated variable counts once.
+    ///
+    /// Returns a handle that resolves to the closure's result. If the closure
+    /// returns an error or panics, the variables it mutates are poisoned:
+    /// later ops touching them do not run and resolve to
+    /// [`Error::Poisoned`].
+    ///
+    /// # Errors
+    ///
+    /// At once, without running anything: [`Error::NoVars`] for empty lists,
+    /// [`Error::ForeignVar`] for a variable of another engine,
+    /// [`Error::Deleted`] for a deleted variable, [`Error::ShutDown`] after
+    /// shutdown.
+    pub fn push<F, T, E>(&self, reads: &[&dyn AnyVar], mutates: &[&dyn AnyVar], f: F) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.op().reads(reads).mutates(mutates).run(f)
+    }
+
+    /// Pushes an asynchronous op: `f` receives the op's [`OpCtx`] and returns
+    /// a future, which may await (I/O, timers, other ops' handles) while the
+    /// op holds its variables, without occupying a worker thread while it is
+    /// pending.
+    ///
+    /// # Errors
+    ///
+    /// As for [`push`](Self::push).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let buf = engine.var(Vec::new());
+    /// let fill = engine.push_async(&[], &[&buf], {
+    ///     let buf = buf.clone();
+    ///     move |ctx| async move {
+    ///         let data = async { vec![1u8, 2, 3] }.await; // e.g. a file read
+    ///         ctx.write(&buf)?.extend(data);
+    ///         Ok::<_, depflow::Error>(())
+    ///     }
+    /// })?;
+    /// fill.wait()?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn push_async<F, Fut, T, E>(
+        &self,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        f: F,
+    ) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(OpCtx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.op().reads(reads).mutates(mutates).run_async(f)
+    }
+
+    /// Deletes `var` once every op already pushed on it has completed: then
+    /// `f` receives the variable's value (`()` for a plain variable), to
+    /// recycle it. Pushing on the variable afterwards is an error.
+    ///
+    /// The deletion runs even if the variable is poisoned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Deleted`] if a delete was already pushed; otherwise as for
+    /// [`push`](Self::push).
+    pub fn delete_var<T>(&self, var: &Var<T>, f: impl FnOnce(T) + Send + 'static) -> Result<OpHandle<()>, Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        self.check_var(var)?;
+        if !var.core().mark_deleted() {
+            return Err(Error::Deleted(var.id()));
+        }
+        let target = var.clone();
+        let body = SyncBody(Some(move |_: &OpCtx| -> Result<(), BoxError> {
+            let core = target.core();
+            // SAFETY: this op holds the write grant on `target`, and no borrow
+            // of its value exists (no `OpCtx` access was made).
+            let value = unsafe {
+                core.set_state(VarState::Deleted);
+                target.value().take()
+            };
+            if let Some(value) = value {
+                f(value);
+            }
+            Ok(())
+        }));
+        let edges = self.edges(&[], &[var], |_| Ok(()))?;
+        self.launch(edges, body, 0, Some(Cow::Borrowed("delete_var")), Mode::Maintenance, 0)
+    }
+
+    /// Clears the poison of `var`, in push order: ops pushed after this one
+    /// run normally again (their values are whatever the variable holds).
+    ///
+    /// # Errors
+    ///
+    /// As for [`push`](Self::push).
+    pub fn clear_poison<T>(&self, var: &Var<T>) -> Result<OpHandle<()>, Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let target = var.clone();
+        let body = SyncBody(Some(move |_: &OpCtx| -> Result<(), BoxError> {
+            // SAFETY: this op holds the write grant on `target`.
+            unsafe { target.core().set_state(VarState::Live) };
+            Ok(())
+        }));
+        let edges = self.edges(&[], &[var], |c| self.check_core(c))?;
+        self.launch(edges, body, 0, Some(Cow::Borrowed("clear_poison")), Mode::Maintenance, 0)
+    }
+
+    /// Waits until every mutation pushed on `var` so far has completed.
+    ///
+    /// Resolves to an error if the variable is poisoned
+    /// ([`Error::Poisoned`], naming the original failure) or deleted.
+    /// Inside an op that declared `var` it resolves at once to
+    /// [`Error::WaitsForItself`].
+    pub fn wait_for_var<T>(&self, var: &Var<T>) -> Wait
+    where
+        T: Send + Sync + 'static,
+    {
+        let own = with_current_op(|op| op.is_some_and(|op| op.edges().iter().any(|e| Arc::ptr_eq(&e.var, var.core()))));
+        if own {
+            return Wait::ready(Err(Error::WaitsForItself));
+        }
+        let body = SyncBody(Some(|_: &OpCtx| Ok::<(), BoxError>(())));
+        let pushed = self
+            .edges(&[var], &[], |c| self.check_core(c))
+            .and_then(|edges| self.launch(edges, body, 0, Some(Cow::Borrowed("wait_for_var")), Mode::Normal, 0));
+        match pushed {
+            Ok(handle) => Wait::op(handle),
+            Err(e) => Wait::ready(Err(e)),
+        }
+    }
+
+    /// Waits until every op pushed so far (by any thread) has finished.
+    ///
+    /// Resolves to [`Error::Failures`] if ops failed since the previous
+    /// `wait_all` (each failure is reported once). Ops pushed by other threads
+    /// while it waits do not delay it. Inside an op it resolves at once to
+    /// [`Error::WaitsForItself`].
+    pub fn wait_all(&self) -> Wait {
+        if in_op() {
+            return Wait::ready(Err(Error::WaitsForItself));
+        }
+        Wait::drain(self.shared().pending.wait(), self.shared().clone(), true)
+    }
+
+    /// Shuts the engine down: new pushes fail with [`Error::ShutDown`]; the
+    /// returned wait resolves once every op pushed before has finished. The
+    /// executors' threads stop when the last handle is dropped (dropping it
+    /// also shuts down, blocking until the ops have finished).
+    pub fn shutdown(&self) -> Wait {
+        if in_op() {
+            self.shared().closed.store(true, Ordering::SeqCst);
+            return Wait::ready(Err(Error::WaitsForItself));
+        }
+        Wait::drain(self.shared().close(), self.shared().clone(), false)
+    }
+
+    /// Whether `var` may be used with this engine.
+    fn check_var<T: Send + Sync>(&self, var: &Var<T>) -> Result<(), Error> {
+        self.check_core(var.core())
+    }
+
+    fn check_core(&self, core: &VarCore) -> Result<(), Error> {
+        if core.engine() != self.shared().id {
+            Err(Error::ForeignVar(core.id()))
+        } else if core.is_deleted() {
+            Err(Error::Deleted(core.id()))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Normalises a declaration into edges: mutated variables first, each
+    /// variable once, a variable both read and mutated counting as mutated.
+    fn edges(
+        &self,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        check: impl Fn(&VarCore) -> Result<(), Error>,
+    ) -> Result<Edges, Error> {
+        let all = || mutates.iter().chain(reads).map(|v| v.core());
+        if mutates.is_empty() && reads.is_empty() {
+            return Err(Error::NoVars);
+        }
+        for core in all() {
+            check(core)?;
+        }
+        // Fast paths: one or two variables, no allocation.
+        match (mutates, reads) {
+            ([v], []) | ([], [v]) => {
+                return Ok(Edges::One([OpEdge::new(v.core().clone(), !mutates.is_empty())]));
+            }
+            ([a], [b]) | ([a, b], []) | ([], [a, b]) => {
+                let (a, b) = (a.core(), b.core());
+                let a_write = !mutates.is_empty();
+                let b_write = mutates.len() == 2;
+                return Ok(if Arc::ptr_eq(a, b) {
+                    Edges::One([OpEdge::new(a.clone(), a_write)])
+                } else {
+                    Edges::Two([OpEdge::new(a.clone(), a_write), OpEdge::new(b.clone(), b_write)])
+                });
+            }
+            _ => {}
+        }
+        let mut seen: Vec<*const VarCore> = Vec::with_capacity(mutates.len() + reads.len());
+        let mut edges = Vec::with_capacity(mutates.len() + reads.len());
+        let large = mutates.len() + reads.len() > 32;
+        let mut index = std::collections::HashSet::new();
+        for (i, core) in all().enumerate() {
+            let ptr = Arc::as_ptr(core);
+            let dup = if large { !index.insert(ptr) } else { seen.contains(&ptr) };
+            if !dup {
+                seen.push(ptr);
+                edges.push(OpEdge::new(core.clone(), i < mutates.len()));
+            }
+        }
+        Ok(Edges::from_vec(edges))
+    }
+
+    /// Spawns the op's task and links it into its variables' chains.
+    fn launch<B: Body>(
+        &self,
+        edges: Edges,
+        body: B,
+        device: u16,
+        name: Option<Cow<'static, str>>,
+        mode: Mode,
+        priority: i32,
+    ) -> Result<OpHandle<B::Output>, Error> {
+        let shared = self.shared();
+        let generation = shared.pending.enter();
+        if shared.closed.load(Ordering::SeqCst) {
+            shared.pending.leave(generation);
+            return Err(Error::ShutDown);
+        }
+        let block = OpBlock::new(shared, device, priority, name, mode, generation, edges);
+        let (runner, task) = Builder::new()
+            .metadata(block)
+            .spawn(move |op: &OpBlock| OpFuture::new(op, body), async_task::WithInfo(schedule));
+        // SAFETY: `runner` was just spawned for this block and never scheduled.
+        unsafe { OpBlock::launch(runner) };
+        Ok(OpHandle::new(task))
+    }
+}
+
+/// The schedule function of every op's task: wakes of async ops land here.
+fn schedule(runner: Runner, info: ScheduleInfo) {
+    let shared: *const Shared = runner.metadata().shared();
+    // SAFETY: an op is only woken while it is pending, when the engine's shared
+    // state is alive (see the module docs).
+    unsafe { (*shared).dispatch(runner, info.woken_while_running) };
+}
+
+/// An op under construction: set its variables, name, priority and device,
+/// then [`run`](OpBuilder::run) or [`run_async`](OpBuilder::run_async) it.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let grad = engine.var(vec![1.0f32; 8]);
+/// let handle = engine
+///     .op()
+///     .name("allreduce fc1")
+///     .priority(10)
+///     .mutates(&[&grad])
+///     .run({
+///         let grad = grad.clone();
+///         move |ctx| -> Result<f32, depflow::Error> {
+///             let mut g = ctx.write(&grad)?;
+///             g.iter_mut().for_each(|x| *x *= 0.5);
+///             Ok(g.iter().sum())
+///         }
+///     })?;
+/// assert_eq!(handle.wait()?, 4.0);
+/// # Ok::<(), depflow::Error>(())
+/// ```
+#[must_use = "an OpBuilder does nothing until `run` or `run_async`"]
+pub struct OpBuilder<'a> {
+    engine: &'a Engine,
+    reads: &'a [&'a dyn AnyVar],
+    mutates: &'a [&'a dyn AnyVar],
+    name: Option<Cow<'static, str>>,
+    priority: i32,
+    device: Option<Device>,
+}
+
+impl std::fmt::Debug for OpBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpBuilder")
+            .field("reads", &self.reads)
+            .field("mutates", &self.mutates)
+            .field("name", &self.name)
+            .field("priority", &self.priority)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl<'a> OpBuilder<'a> {
+    /// The variables the op reads.
+    pub fn reads(mut self, vars: &'a [&'a dyn AnyVar]) -> Self {
+        self.reads = vars;
+        self
+    }
+
+    /// The variables the op mutates.
+    pub fn mutates(mut self, vars: &'a [&'a dyn AnyVar]) -> Self {
+        self.mutates = vars;
+        self
+    }
+
+    /// A name for errors and `Debug` output.
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// A priority among ready ops (default 0; higher runs first). Honoured by
+    /// the pool executor; it never overrides dependencies.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The device to run on (default: the engine's default device).
+    pub fn on(mut self, device: Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    fn device_index(&self) -> Result<u16, Error> {
+        match self.device {
+            None => Ok(0),
+            Some(d) if d.engine == self.engine.shared().id => Ok(d.index),
+            Some(_) => Err(Error::Config("the device belongs to another engine".into())),
+        }
+    }
+
+    /// Pushes the op with a synchronous body; see [`Engine::push`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::push`].
+    pub fn run<F, T, E>(self, f: F) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.launch(SyncBody(Some(f)))
+    }
+
+    /// Pushes the op with an asynchronous body; see [`Engine::push_async`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::push`].
+    pub fn run_async<F, Fut, T, E>(self, f: F) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(OpCtx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.launch(AsyncBody::new(f))
+    }
+
+    fn launch<B: Body>(self, body: B) -> Result<OpHandle<B::Output>, Error> {
+        let engine = self.engine;
+        let device = self.device_index()?;
+        let edges = engine.edges(self.reads, self.mutates, |c| engine.check_core(c))?;
+        engine.launch(edges, body, device, self.name, Mode::Normal, self.priority)
+    }
+}

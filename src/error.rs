@@ -1,0 +1,175 @@
+//! Errors: what a push, a wait or an op can resolve to.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::var::VarId;
+
+/// A boxed error returned by an op's body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The original failure of an op: its name and what went wrong.
+///
+/// Shared (behind an [`Arc`]) by every error it causes: the failing op's own
+/// [`Error::Failed`], and the [`Error::Poisoned`] of every op skipped because
+/// of it.
+pub struct OpFailure {
+    op: Option<Cow<'static, str>>,
+    kind: FailureKind,
+}
+
+pub(crate) enum FailureKind {
+    /// The body returned an error.
+    Error(BoxError),
+    /// The body panicked; the payload's message.
+    Panic(String),
+    /// The executor dropped the op before it finished.
+    Dropped,
+    /// A variable the op touches was deleted before it ran.
+    InputDeleted(VarId),
+}
+
+impl OpFailure {
+    pub(crate) fn new(op: Option<Cow<'static, str>>, kind: FailureKind) -> Self {
+        Self { op, kind }
+    }
+
+    /// The failing op's name, if it was given one.
+    pub fn op_name(&self) -> Option<&str> {
+        self.op.as_deref()
+    }
+
+    /// Whether the op panicked (rather than returning an error).
+    pub fn is_panic(&self) -> bool {
+        matches!(self.kind, FailureKind::Panic(_))
+    }
+
+    /// The error the op returned, if it returned one.
+    pub fn op_error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match &self.kind {
+            FailureKind::Error(e) => Some(e.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// What went wrong, without the op's name.
+    pub fn message(&self) -> String {
+        match &self.kind {
+            FailureKind::Error(e) => e.to_string(),
+            FailureKind::Panic(msg) => format!("panicked: {msg}"),
+            FailureKind::Dropped => "dropped by its executor before it finished".into(),
+            FailureKind::InputDeleted(var) => format!("{var} was deleted before the op ran"),
+        }
+    }
+}
+
+impl fmt::Display for OpFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.op {
+            Some(name) => write!(f, "op `{name}` failed: {}", self.message()),
+            None => write!(f, "unnamed op failed: {}", self.message()),
+        }
+    }
+}
+
+impl fmt::Debug for OpFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpFailure")
+            .field("op", &self.op)
+            .field("message", &self.message())
+            .finish()
+    }
+}
+
+/// Everything that can go wrong in depflow.
+///
+/// Errors are cheap to clone: failures are shared behind an [`Arc`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The op ran and returned an error or panicked (or its executor dropped
+    /// it). The variables it mutates are now poisoned by this failure.
+    Failed(Arc<OpFailure>),
+    /// The op did not run: a variable it touches was poisoned by this earlier
+    /// failure. The variables it mutates are poisoned by the same failure.
+    Poisoned(Arc<OpFailure>),
+    /// The variable has been deleted with [`Engine::delete_var`](crate::Engine::delete_var).
+    Deleted(VarId),
+    /// The variable was created by another engine.
+    ForeignVar(VarId),
+    /// The engine is shut down and takes no new work.
+    ShutDown,
+    /// An op must declare at least one variable it reads or mutates.
+    NoVars,
+    /// A blocking wait was called inside an op, where it could stall the very
+    /// executor that has to make progress; `.await` the wait instead.
+    BlockingInOp,
+    /// A wait inside an op would wait for that op itself (`wait_all`, or
+    /// `wait_for_var` on a variable the op declared).
+    WaitsForItself,
+    /// The op body accessed a variable it did not declare.
+    NotDeclared(VarId),
+    /// The op body asked to mutate a variable it only declared as read.
+    NotMutable(VarId),
+    /// The op body asked for a variable that it is already borrowing in a
+    /// conflicting way (two mutable borrows, or shared and mutable).
+    Borrowed(VarId),
+    /// [`Engine::wait_all`](crate::Engine::wait_all) found ops that failed
+    /// since the previous `wait_all`: the first one and how many.
+    Failures {
+        /// The first failure recorded.
+        first: Arc<OpFailure>,
+        /// How many failures were recorded.
+        count: usize,
+    },
+    /// The engine could not be built as configured.
+    Config(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Failed(failure) => write!(f, "{failure}"),
+            Error::Poisoned(cause) => write!(f, "skipped: an input was poisoned because {cause}"),
+            Error::Deleted(var) => write!(f, "{var} has been deleted"),
+            Error::ForeignVar(var) => write!(f, "{var} belongs to another engine"),
+            Error::ShutDown => f.write_str("the engine is shut down"),
+            Error::NoVars => f.write_str("an op must declare at least one variable"),
+            Error::BlockingInOp => {
+                f.write_str("blocking wait inside an op (it could deadlock the executor); use .await")
+            }
+            Error::WaitsForItself => f.write_str("this wait inside an op would wait for the op itself"),
+            Error::NotDeclared(var) => write!(f, "the op did not declare {var}"),
+            Error::NotMutable(var) => write!(f, "the op declared {var} as read, not mutated"),
+            Error::Borrowed(var) => write!(f, "{var} is already borrowed by this op"),
+            Error::Failures { first, count } => {
+                write!(f, "{count} op(s) failed; the first: {first}")
+            }
+            Error::Config(msg) => write!(f, "invalid engine configuration: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let failure = match self {
+            Error::Failed(f) | Error::Poisoned(f) => f,
+            Error::Failures { first, .. } => first,
+            _ => return None,
+        };
+        failure.op_error().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl Error {
+    /// The original failure behind this error, for [`Failed`](Error::Failed),
+    /// [`Poisoned`](Error::Poisoned) and [`Failures`](Error::Failures).
+    pub fn failure(&self) -> Option<&Arc<OpFailure>> {
+        match self {
+            Error::Failed(f) | Error::Poisoned(f) => Some(f),
+            Error::Failures { first, .. } => Some(first),
+            _ => None,
+        }
+    }
+}

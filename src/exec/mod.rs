@@ -1,0 +1,176 @@
+//! Running policy, separate from dependency tracking (seed 000): once an op's
+//! dependencies are granted, its device's executor decides where and when it
+//! runs.
+//!
+//! An engine has one or more *devices*, each with its own [`Executor`]:
+//!
+//! - [`Executor::pool`]: a work-stealing pool of CPU threads (the default);
+//! - [`Executor::inline`]: runs each op on the thread that made it ready,
+//!   usually inside `push` (MXNet's `NaiveEngine`, for debugging: same
+//!   results, no threads);
+//! - [`Executor::custom`]: hands each ready op, as a [`Job`], to a function of
+//!   yours, for example one that spawns it on a tokio or smol runtime.
+//!
+//! Every executor implements the crate-internal [`Queue`] trait; a GPU
+//! executor plugs in the same way.
+
+mod custom;
+mod inline;
+mod pool;
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::op::Runner;
+
+pub(crate) use pool::Pool;
+
+/// What executors implement: take ready ops, run them, stop on shutdown.
+pub(crate) trait Queue: Send + Sync + fmt::Debug {
+    /// Takes a ready op. `yielded` tells an op that woke itself while running
+    /// (it should go behind other ready ops). Must not block, and should not
+    /// run the op on the calling thread unless the executor is built for that
+    /// (the inline one).
+    fn schedule(&self, runner: Runner, yielded: bool);
+
+    /// Stops the executor once the engine has drained; joins its threads
+    /// unless called from one of them.
+    fn shutdown(&self);
+}
+
+/// How a device runs its ops; passed to [`EngineBuilder`](crate::EngineBuilder).
+///
+/// ```
+/// use depflow::{Engine, Executor};
+///
+/// let engine = Engine::builder()
+///     .executor(Executor::pool(2))               // the default device, "cpu"
+///     .device("cpu1", Executor::pool(1))         // a second CPU device
+///     .device("debug", Executor::inline())       // runs ops in `push`
+///     .build()?;
+/// assert!(engine.device("cpu1").is_some());
+/// # Ok::<(), depflow::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Executor(pub(crate) Kind);
+
+#[derive(Clone)]
+pub(crate) enum Kind {
+    Pool(usize),
+    Inline,
+    Custom(Arc<dyn Fn(Job) + Send + Sync>),
+}
+
+impl Executor {
+    /// A work-stealing pool of `threads` CPU worker threads. Ready ops with a
+    /// higher [priority](crate::OpBuilder::priority) run before lower ones.
+    pub fn pool(threads: usize) -> Self {
+        Executor(Kind::Pool(threads))
+    }
+
+    /// Runs each op on the thread that makes it ready: inside `push` when its
+    /// dependencies are met at once, else on the thread that completes its
+    /// last dependency. For debugging: no worker threads, same results.
+    pub fn inline() -> Self {
+        Executor(Kind::Inline)
+    }
+
+    /// Hands every ready op to `schedule`, which must arrange for
+    /// [`Job::run`] to be called soon, on any thread, without blocking the
+    /// caller (push it to a queue, or spawn it on a runtime).
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let rt = tokio::runtime::Runtime::new().unwrap();
+    /// let handle = rt.handle().clone();
+    /// let engine = Engine::builder()
+    ///     .executor(Executor::custom(move |job| {
+    ///         handle.spawn(async move { job.run(); });
+    ///     }))
+    ///     .build()?;
+    /// let v = engine.var(1);
+    /// let op = engine.push(&[], &[&v], {
+    ///     let v = v.clone();
+    ///     move |ctx| -> Result<i32, depflow::Error> { Ok(*ctx.write(&v)? * 7) }
+    /// })?;
+    /// assert_eq!(op.wait()?, 7);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn custom(schedule: impl Fn(Job) + Send + Sync + 'static) -> Self {
+        Executor(Kind::Custom(Arc::new(schedule)))
+    }
+
+    pub(crate) fn build(&self, name: &str) -> std::io::Result<Box<dyn Queue>> {
+        Ok(match &self.0 {
+            Kind::Pool(threads) => Box::new(Pool::new(name, *threads)?),
+            Kind::Inline => Box::new(inline::Inline),
+            Kind::Custom(f) => Box::new(custom::Custom(f.clone())),
+        })
+    }
+}
+
+impl fmt::Debug for Executor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Kind::Pool(n) => write!(f, "Executor::pool({n})"),
+            Kind::Inline => f.write_str("Executor::inline()"),
+            Kind::Custom(_) => f.write_str("Executor::custom(..)"),
+        }
+    }
+}
+
+/// A ready op, handed to a [custom executor](Executor::custom).
+pub struct Job(pub(crate) Runner);
+
+impl Job {
+    /// Runs the op (one poll of its future). Returns `true` if the op woke
+    /// itself while running and has already been scheduled again.
+    pub fn run(self) -> bool {
+        self.0.run()
+    }
+
+    /// The op's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.0.metadata().name()
+    }
+
+    /// The op's priority (0 unless set).
+    pub fn priority(&self) -> i32 {
+        self.0.metadata().priority()
+    }
+}
+
+impl fmt::Debug for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Job").field(self.0.metadata()).finish()
+    }
+}
+
+/// A device of an engine: where an op runs. Cheap to copy.
+///
+/// Get one from [`Engine::device`](crate::Engine::device) or
+/// [`Engine::default_device`](crate::Engine::default_device), and pick it for an
+/// op with [`OpBuilder::on`](crate::OpBuilder::on).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Device {
+    pub(crate) engine: u64,
+    pub(crate) index: u16,
+}
+
+impl Device {
+    pub(crate) fn new(engine: u64, index: u16) -> Self {
+        Self { engine, index }
+    }
+
+    /// The device's position in its engine (0 is the default device).
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.index)
+    }
+}

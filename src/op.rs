@@ -1,0 +1,594 @@
+//! One pushed op: its dependency bookkeeping, the future that runs it, and
+//! what happens when it finishes.
+//!
+//! Every op is one `async-task` task. Its metadata is an [`OpBlock`]: the
+//! countdown of unmet dependencies ([`Trigger`]) with the op's `Runnable`
+//! parked in it, and one [`Edge`] per variable, linked into that variable's
+//! [`Chain`](crate::chain::Chain). The task's future is an [`OpFuture`] that
+//! checks the inputs, runs the body (a closure or an async block), and then
+//! completes every edge: reads leave, writes bump the version, record poison
+//! on failure and hand their token on. So an op costs one allocation, whatever
+//! its number of variables (up to [`INLINE_EDGES`]).
+//!
+//! # Lifetimes
+//!
+//! - The `OpBlock` lives as long as the task allocation. Chains may touch an
+//!   edge after its op finished (an appender linking behind it), so the block
+//!   holds a [`Waker`] of its own task, the *anchor*, until the chain has
+//!   released every edge ([`Owner::release`]).
+//! - The engine's shared state outlives every op between `Pending::enter` (at
+//!   push) and `Pending::leave` (the last step of completion): the engine
+//!   shuts down only after pending ops drained. So an op dereferences its
+//!   `shared` pointer only in between.
+//! - An async op's [`OpCtx`] may outlive its future (it is the user's value).
+//!   The op's grants are then released when *both* are gone (`holders`).
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use async_task::Runnable;
+
+use crate::chain::{Edge, Owner};
+use crate::ctx::OpCtx;
+use crate::engine::Shared;
+use crate::error::{BoxError, Error, FailureKind, OpFailure};
+use crate::sync::{AtomicU8, AtomicU32, Ordering::AcqRel, UnsafeCell};
+use crate::trigger::Trigger;
+use crate::var::{VarCore, VarState};
+
+/// A runnable op, as executors see it.
+pub(crate) type Runner = Runnable<OpBlock>;
+
+/// Edges stored inside the op's allocation; more spill to the heap.
+pub(crate) const INLINE_EDGES: usize = 2;
+
+/// One op's access to one variable: the chain edge and the variable it is in.
+pub(crate) struct OpEdge {
+    pub(crate) edge: Edge<OpBlock>,
+    pub(crate) var: Arc<VarCore>,
+}
+
+impl OpEdge {
+    pub(crate) fn new(var: Arc<VarCore>, write: bool) -> Self {
+        Self {
+            edge: Edge::new(write),
+            var,
+        }
+    }
+}
+
+/// The op's edges, writes first, each variable once.
+pub(crate) enum Edges {
+    One([OpEdge; 1]),
+    Two([OpEdge; INLINE_EDGES]),
+    Many(Box<[OpEdge]>),
+}
+
+impl Edges {
+    pub(crate) fn from_vec(mut edges: Vec<OpEdge>) -> Self {
+        match edges.len() {
+            1 => Edges::One([edges.pop().unwrap()]),
+            2 => {
+                let b = edges.pop().unwrap();
+                let a = edges.pop().unwrap();
+                Edges::Two([a, b])
+            }
+            _ => Edges::Many(edges.into_boxed_slice()),
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[OpEdge] {
+        match self {
+            Edges::One(e) => e,
+            Edges::Two(e) => e,
+            Edges::Many(e) => e,
+        }
+    }
+}
+
+/// What decides whether an op runs when an input is poisoned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Skip on a poisoned or deleted input.
+    Normal,
+    /// Run even on poisoned inputs (deleting and un-poisoning a variable).
+    Maintenance,
+}
+
+/// An op's metadata, stored in its task's header.
+pub(crate) struct OpBlock {
+    trigger: Trigger<Runner>,
+    /// Edges the chains have not released yet.
+    refs: AtomicU32,
+    /// 0, or (once an async body leased its `OpCtx`) how many of the future
+    /// and the context still hold the grants: the last one releases them.
+    holders: AtomicU8,
+    generation: u8,
+    mode: Mode,
+    device: u16,
+    priority: i32,
+    shared: *const Shared,
+    /// A waker of this very task, keeping its allocation alive while chains
+    /// may still touch an edge.
+    anchor: UnsafeCell<Option<Waker>>,
+    /// An async op's failure, stashed for its lease to act on.
+    outcome: UnsafeCell<Option<Arc<OpFailure>>>,
+    name: Option<Cow<'static, str>>,
+    edges: Edges,
+}
+
+// SAFETY: the cells of an `OpBlock` are accessed under the protocols of the
+// module docs: `anchor` by the pusher before publication and by the single
+// releaser of the last edge; `outcome` by the future before, and the lease
+// after, the `holders` hand-off. Everything else is atomic or immutable.
+unsafe impl Send for OpBlock {}
+// SAFETY: as above.
+unsafe impl Sync for OpBlock {}
+
+impl OpBlock {
+    pub(crate) fn new(
+        shared: &Shared,
+        device: u16,
+        priority: i32,
+        name: Option<Cow<'static, str>>,
+        mode: Mode,
+        generation: u8,
+        edges: Edges,
+    ) -> Self {
+        let n = edges.as_slice().len() as u32;
+        Self {
+            trigger: Trigger::new(n),
+            refs: AtomicU32::new(n),
+            holders: AtomicU8::new(0),
+            generation,
+            mode,
+            device,
+            priority,
+            shared,
+            anchor: UnsafeCell::new(None),
+            outcome: UnsafeCell::new(None),
+            name,
+            edges,
+        }
+    }
+
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    pub(crate) fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    pub(crate) fn device(&self) -> u16 {
+        self.device
+    }
+
+    pub(crate) fn edges(&self) -> &[OpEdge] {
+        self.edges.as_slice()
+    }
+
+    /// The engine's shared state; valid while the op is pending.
+    pub(crate) fn shared(&self) -> &Shared {
+        // SAFETY: see "Lifetimes" in the module docs: the engine's shared state
+        // outlives every op until the op's `Pending::leave`, after which this
+        // block never calls `shared()` again.
+        unsafe { &*self.shared }
+    }
+
+    /// Links a freshly spawned op into its variables' chains, and schedules it
+    /// if nothing holds it back.
+    ///
+    /// # Safety
+    ///
+    /// `runner` comes straight from `spawn` for this block: never scheduled,
+    /// its edges never linked.
+    pub(crate) unsafe fn launch(runner: Runner) {
+        let op: *const OpBlock = runner.metadata();
+        // SAFETY: the block lives in the task allocation, which `runner` keeps
+        // alive until it is parked in the trigger, and the anchor keeps alive
+        // from then on until every edge is released. Nothing else can see the
+        // block before its edges are linked, so the writes below are exclusive.
+        unsafe {
+            let this = &*op;
+            this.anchor.with_mut(|a| *a = Some(runner.waker()));
+            for e in this.edges() {
+                e.edge.set_owner(op);
+            }
+            this.trigger.park(runner);
+            let edges = this.edges();
+            if edges.len() == 1 {
+                edges[0].var.chain.append(&edges[0].edge);
+            } else {
+                this.link_all();
+            }
+            // Release the pusher's guard; if every edge was granted meanwhile,
+            // the op is ready now.
+            if let Some(runner) = this.trigger.release() {
+                this.shared().dispatch(runner, false);
+            }
+        }
+    }
+
+    /// Links every edge under the engine's push lock, so that all variables'
+    /// chains see multi-variable ops in one global order (two pushers cannot
+    /// interleave into opposite orders on two variables, which would be a
+    /// wait-for cycle). Granting, which may run ops inline, happens after the
+    /// lock is dropped.
+    ///
+    /// # Safety
+    ///
+    /// As for [`launch`](Self::launch).
+    unsafe fn link_all(&self) {
+        let edges = self.edges();
+        let mut tokens = TokenSet::default();
+        {
+            let _order = self.shared().push_lock.lock().unwrap_or_else(|e| e.into_inner());
+            for (i, e) in edges.iter().enumerate() {
+                // SAFETY: forwarded from `launch`.
+                if unsafe { e.var.chain.link(&e.edge) } {
+                    tokens.insert(i);
+                }
+            }
+        }
+        for i in tokens.iter() {
+            let e = &edges[i];
+            // SAFETY: `link` handed us the token at this edge.
+            unsafe { e.var.chain.advance(&e.edge) };
+        }
+    }
+
+    /// Whether the op may run: the first poisoned or deleted input, in edge
+    /// order, if not.
+    fn blocked_by(&self) -> Option<Skip> {
+        for e in self.edges() {
+            // SAFETY: the op is running, so it holds a grant on every edge.
+            match unsafe { e.var.state() } {
+                VarState::Live => {}
+                VarState::Poisoned(cause) if self.mode == Mode::Normal => {
+                    return Some(Skip::Poisoned(cause));
+                }
+                VarState::Poisoned(_) => {}
+                VarState::Deleted => return Some(Skip::Deleted(e.var.id())),
+            }
+        }
+        None
+    }
+
+    /// The op finished (ran, failed, or was skipped with `failure` as cause).
+    /// Releases its grants, unless its leased `OpCtx` is still alive.
+    fn finish(&self, failure: Option<Arc<OpFailure>>, record: bool) {
+        if record && let Some(f) = &failure {
+            self.shared().record_failure(f.clone());
+        }
+        // `holders` is 0 unless the body leased its context (see `lease`).
+        if self.holders.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            // SAFETY: only the future writes `outcome`, before its `holders`
+            // decrement; the lease reads it after its own decrement observes ours.
+            self.outcome.with_mut(|o| unsafe { *o = failure.clone() });
+            if self.holders.fetch_sub(1, AcqRel) != 1 {
+                return; // the lease releases the grants when it is dropped
+            }
+        }
+        self.release_grants(failure);
+    }
+
+    /// Called when a leased `OpCtx` is dropped.
+    pub(crate) fn lease_dropped(&self) {
+        if self.holders.fetch_sub(1, AcqRel) == 1 {
+            // SAFETY: the future stashed the outcome before its decrement,
+            // which ours observed; nobody writes it any more.
+            let failure = self.outcome.with_mut(|o| unsafe { (*o).take() });
+            self.release_grants(failure);
+        }
+    }
+
+    /// Completes every edge and counts the op out. The op never touches the
+    /// engine after this.
+    fn release_grants(&self, failure: Option<Arc<OpFailure>>) {
+        for e in self.edges() {
+            // SAFETY: each edge was granted and is completed exactly once, here.
+            unsafe {
+                if e.edge.is_write() {
+                    if let Some(f) = &failure
+                        && !matches!(e.var.state(), VarState::Deleted)
+                    {
+                        e.var.set_state(VarState::Poisoned(f.clone()));
+                    }
+                    e.var.bump_version();
+                    e.var.chain.complete_write(&e.edge);
+                } else {
+                    e.var.chain.complete_read();
+                }
+            }
+        }
+        self.shared().pending.leave(self.generation);
+    }
+
+    /// Marks an async op as having leased its `OpCtx`: from now on the
+    /// future and the context each hold the grants.
+    pub(crate) fn lease(&self) {
+        self.holders.store(2, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Owner for OpBlock {
+    fn grant(&self) {
+        if let Some(runner) = self.trigger.release() {
+            self.shared().dispatch(runner, false);
+        }
+    }
+
+    unsafe fn release(this: *const Self) {
+        // SAFETY: the caller passes a live block; we only read it before the
+        // anchor is dropped, which may free it.
+        unsafe {
+            if (*this).refs.fetch_sub(1, AcqRel) == 1 {
+                let anchor = (*this).anchor.with_mut(|a| (*a).take());
+                drop(anchor);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for OpBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let vars: Vec<_> = self
+            .edges()
+            .iter()
+            .map(|e| (e.var.id(), if e.edge.is_write() { "mutate" } else { "read" }))
+            .collect();
+        f.debug_struct("Op")
+            .field("name", &self.name)
+            .field("priority", &self.priority)
+            .field("vars", &vars)
+            .field("trigger", &self.trigger)
+            .finish()
+    }
+}
+
+/// The edges whose token a push took, to advance after the push lock.
+#[derive(Default)]
+struct TokenSet {
+    first: u64,
+    rest: Vec<usize>,
+}
+
+impl TokenSet {
+    fn insert(&mut self, i: usize) {
+        if i < 64 {
+            self.first |= 1 << i;
+        } else {
+            self.rest.push(i);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..64).filter(|i| self.first & (1 << i) != 0).chain(self.rest.iter().copied())
+    }
+}
+
+/// Why an op did not run.
+enum Skip {
+    Poisoned(Arc<OpFailure>),
+    Deleted(crate::var::VarId),
+}
+
+/// What an op runs once its dependencies are granted.
+pub(crate) trait Body: Send + 'static {
+    type Output: Send + 'static;
+
+    /// Drives the op's work. Called only while the op holds every grant and
+    /// none of its inputs is poisoned or deleted.
+    fn poll_body(
+        self: Pin<&mut Self>,
+        op: &OpBlock,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::Output, BoxError>>;
+}
+
+/// A synchronous op: a closure run once.
+pub(crate) struct SyncBody<F>(pub(crate) Option<F>);
+
+impl<F, T, E> Body for SyncBody<F>
+where
+    F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: Into<BoxError>,
+{
+    type Output = T;
+
+    fn poll_body(
+        self: Pin<&mut Self>,
+        op: &OpBlock,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Result<T, BoxError>> {
+        // `SyncBody` is `Unpin`: it never pins its closure.
+        let f = self.get_mut().0.take().expect("op body polled after it ran");
+        let ctx = OpCtx::borrowed(op);
+        Poll::Ready(f(&ctx).map_err(Into::into))
+    }
+}
+
+impl<F> Unpin for SyncBody<F> {}
+
+/// An asynchronous op: a closure that makes a future from a leased `OpCtx`.
+pub(crate) struct AsyncBody<F, Fut> {
+    start: Option<F>,
+    fut: Option<Fut>,
+}
+
+impl<F, Fut> AsyncBody<F, Fut> {
+    pub(crate) fn new(start: F) -> Self {
+        Self {
+            start: Some(start),
+            fut: None,
+        }
+    }
+}
+
+impl<F, Fut, T, E> Body for AsyncBody<F, Fut>
+where
+    F: FnOnce(OpCtx) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Into<BoxError>,
+{
+    type Output = T;
+
+    fn poll_body(
+        self: Pin<&mut Self>,
+        op: &OpBlock,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<T, BoxError>> {
+        // SAFETY: `fut` is structurally pinned: once set it is never moved
+        // (only polled in place and dropped with `self`); `start` is not pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        if let Some(start) = this.start.take() {
+            op.lease();
+            this.fut = Some(start(OpCtx::leased(op, cx.waker().clone())));
+        }
+        // SAFETY: see above; `this` is pinned, so is `fut` inside it.
+        let fut = unsafe { Pin::new_unchecked(this.fut.as_mut().expect("async op polled after it ran")) };
+        fut.poll(cx).map(|r| r.map_err(Into::into))
+    }
+}
+
+/// The future an op's task runs.
+pub(crate) struct OpFuture<B> {
+    op: *const OpBlock,
+    started: bool,
+    finished: bool,
+    body: B,
+}
+
+// SAFETY: the only non-`Send` field is the pointer to the task's own metadata,
+// which is `Sync`.
+unsafe impl<B: Send> Send for OpFuture<B> {}
+
+impl<B: Body> OpFuture<B> {
+    pub(crate) fn new(op: &OpBlock, body: B) -> Self {
+        Self {
+            op,
+            started: false,
+            finished: false,
+            body,
+        }
+    }
+}
+
+impl<B: Body> Future for OpFuture<B> {
+    type Output = Result<B::Output, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `body` is structurally pinned (never moved out); the other
+        // fields are plain data.
+        let this = unsafe { self.get_unchecked_mut() };
+        assert!(!this.finished, "op polled after it finished");
+        // SAFETY: this future lives in the task allocation whose header holds
+        // the block, and is dropped before it.
+        let op = unsafe { &*this.op };
+
+        if !this.started
+            && let Some(skip) = op.blocked_by()
+        {
+            this.finished = true;
+            return Poll::Ready(Err(match skip {
+                Skip::Poisoned(cause) => {
+                    op.finish(Some(cause.clone()), false);
+                    Error::Poisoned(cause)
+                }
+                Skip::Deleted(var) => {
+                    let cause = Arc::new(OpFailure::new(op.name.clone(), FailureKind::InputDeleted(var)));
+                    op.finish(Some(cause), true);
+                    Error::Deleted(var)
+                }
+            }));
+        }
+
+        this.started = true;
+        // SAFETY: `body` is pinned with `this`.
+        let body = unsafe { Pin::new_unchecked(&mut this.body) };
+        let polled = {
+            let _current = CurrentOp::enter(op);
+            catch_unwind(AssertUnwindSafe(|| body.poll_body(op, cx)))
+        };
+        let result = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(Ok(value))) => Ok(value),
+            Ok(Poll::Ready(Err(e))) => Err(FailureKind::Error(e)),
+            Err(payload) => Err(FailureKind::Panic(panic_message(payload.as_ref()))),
+        };
+        this.finished = true;
+        Poll::Ready(match result {
+            Ok(value) => {
+                op.finish(None, false);
+                Ok(value)
+            }
+            Err(kind) => {
+                let failure = Arc::new(OpFailure::new(op.name.clone(), kind));
+                op.finish(Some(failure.clone()), true);
+                Err(Error::Failed(failure))
+            }
+        })
+    }
+}
+
+impl<B> Drop for OpFuture<B> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // The executor dropped the op's runnable (or the task) before it
+            // finished: release its grants so nothing waits on it forever.
+            // SAFETY: as in `poll`.
+            let op = unsafe { &*self.op };
+            let failure = Arc::new(OpFailure::new(op.name.clone(), FailureKind::Dropped));
+            op.finish(Some(failure), true);
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+thread_local! {
+    static CURRENT: std::cell::Cell<*const OpBlock> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// Marks the calling thread as running an op's body until dropped.
+struct CurrentOp(*const OpBlock);
+
+impl CurrentOp {
+    fn enter(op: &OpBlock) -> Self {
+        CurrentOp(CURRENT.with(|c| c.replace(op)))
+    }
+}
+
+impl Drop for CurrentOp {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.0));
+    }
+}
+
+/// Runs `f` with the op whose body the calling thread is running, if any.
+pub(crate) fn with_current_op<R>(f: impl FnOnce(Option<&OpBlock>) -> R) -> R {
+    let op = CURRENT.with(|c| c.get());
+    // SAFETY: `CURRENT` is set only while the op's body is being polled on this
+    // thread, during which the op's block is alive.
+    f(unsafe { op.as_ref() })
+}
+
+/// Whether the calling thread is running an op's body.
+pub(crate) fn in_op() -> bool {
+    CURRENT.with(|c| !c.get().is_null())
+}
