@@ -10,24 +10,31 @@
 //! flip, because ops pushed after that flip but before its call belong to the
 //! open generation.
 //!
-//! `enter` re-reads `current` after counting itself in; if a flip intervened
-//! it moves to the new generation. So once `enter` returns, the op is counted
-//! in a generation that no drain has yet declared empty, and any later flip
-//! waits for it. Every counter access is `SeqCst`: the drain start (store
-//! `draining`, load `count`) and the last op out (decrement `count`, load
-//! `draining`) form a Dekker pair, so at least one of them sees the other and
-//! the drain is never missed.
+//! Each generation's counter word holds its op count (in units of `ONE`) and
+//! a `DRAINING` bit that the waiter sets when it closes the generation. Ops
+//! and waiters meet on that single word: either the waiter's `fetch_or` sees
+//! no ops left, or the op whose `fetch_sub` takes the word from
+//! `ONE | DRAINING` to `DRAINING` finishes the drain. There is no
+//! two-location (Dekker) reasoning, so no `SeqCst` fence on the hot path.
 //!
-//! Cost on the push path: one `fetch_add` and two loads; on completion one
-//! `fetch_sub`, plus a load when a count reaches zero. No lock is taken
-//! except by waiters and by the op that empties a generation being drained.
+//! `enter` re-reads `current` after counting itself in; if a flip intervened
+//! it moves to the new generation. A generation's drain finishes only through
+//! a release on its counter, and the flip precedes it, so an `enter` that
+//! counts itself in after the drain finished also sees the flip and moves on.
+//!
+//! Cost: on push one `fetch_add` and two loads, on completion one `fetch_sub`.
+//! No lock is taken except by waiters and by the op that empties a
+//! generation being drained.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::sync::{AtomicUsize, AtomicWaker, Mutex, Ordering::*};
 
-const IDLE: usize = 2;
+/// Counter bit: a waiter closed this generation and waits for it to drain.
+const DRAINING: usize = 1;
+/// Counter unit: one op in flight.
+const ONE: usize = 2;
 
 /// Pads a value to its own cache line, so that the two generation counters
 /// (hammered by pushers and completing workers) do not share one.
@@ -46,16 +53,16 @@ impl<T> std::ops::Deref for CachePadded<T> {
 pub type Generation = u8;
 
 pub struct Pending {
-    /// Generation of new ops: 0 or 1.
+    /// Generation of new ops: 0 or 1. Written only under `queue`'s lock.
     current: AtomicUsize,
     count: [CachePadded<AtomicUsize>; 2],
-    /// Generation being drained, or `IDLE`.
-    draining: AtomicUsize,
     queue: Mutex<Queue>,
 }
 
 #[derive(Default)]
 struct Queue {
+    /// The generation being drained.
+    draining: Option<usize>,
     /// Waiting for the generation being drained.
     now: Vec<Arc<Signal>>,
     /// Waiting for the next drain.
@@ -67,7 +74,6 @@ impl Default for Pending {
         Self {
             current: AtomicUsize::new(0),
             count: Default::default(),
-            draining: AtomicUsize::new(IDLE),
             queue: Mutex::new(Queue::default()),
         }
     }
@@ -83,27 +89,26 @@ impl Pending {
     /// Counts a new op in; returns the generation to hand to `leave`.
     pub fn enter(&self) -> Generation {
         loop {
-            let g = self.current.load(SeqCst);
-            self.count[g].fetch_add(1, SeqCst);
-            if self.current.load(SeqCst) == g {
+            let g = self.current.load(Acquire);
+            self.count[g].fetch_add(ONE, AcqRel);
+            if self.current.load(Acquire) == g {
                 return g as Generation;
             }
-            // A waiter closed `g` meanwhile; it may already have seen it empty.
+            // A waiter closed `g` meanwhile: count in the open one instead.
             self.leave(g as Generation);
         }
     }
 
     /// Counts an op out of generation `g`.
     pub fn leave(&self, g: Generation) {
-        let g = g as usize;
-        if self.count[g].fetch_sub(1, SeqCst) == 1 && self.draining.load(SeqCst) == g {
+        if self.count[g as usize].fetch_sub(ONE, AcqRel) == ONE | DRAINING {
             self.settle(&mut self.queue.lock().unwrap());
         }
     }
 
     /// Ops counted in and not yet out (a snapshot, for diagnostics).
     pub fn in_flight(&self) -> usize {
-        self.count[0].load(SeqCst) + self.count[1].load(SeqCst)
+        (self.count[0].load(Acquire) + self.count[1].load(Acquire)) / ONE
     }
 
     /// Returns a signal that fires once every op counted in before this call
@@ -120,12 +125,12 @@ impl Pending {
     /// the next one if anyone waits for it. Runs under the queue lock.
     fn settle(&self, queue: &mut Queue) {
         loop {
-            let g = self.draining.load(SeqCst);
-            if g != IDLE {
-                if self.count[g].load(SeqCst) != 0 {
-                    return; // the op that empties it will call us again
+            if let Some(g) = queue.draining {
+                if self.count[g].load(Acquire) >= ONE {
+                    return; // the op that empties it calls us again
                 }
-                self.draining.store(IDLE, SeqCst);
+                self.count[g].fetch_and(!DRAINING, AcqRel);
+                queue.draining = None;
                 for signal in queue.now.drain(..) {
                     signal.fire();
                 }
@@ -135,9 +140,10 @@ impl Pending {
             }
             std::mem::swap(&mut queue.now, &mut queue.next);
             // Close the current generation: new ops go to the other one.
-            let closed = self.current.load(SeqCst);
-            self.current.store(1 - closed, SeqCst);
-            self.draining.store(closed, SeqCst);
+            let closed = self.current.load(Acquire);
+            self.current.store(1 - closed, Release);
+            self.count[closed].fetch_or(DRAINING, AcqRel);
+            queue.draining = Some(closed);
         }
     }
 }
@@ -163,7 +169,7 @@ impl Signal {
         if self.is_fired() {
             return Poll::Ready(());
         }
-        self.waker.register(cx.waker());
+        crate::sync::register_waker(&self.waker, cx.waker());
         if self.is_fired() { Poll::Ready(()) } else { Poll::Pending }
     }
 }

@@ -13,8 +13,6 @@ pub(crate) use loom::sync::Mutex;
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicUsize};
 #[cfg(loom)]
 pub(crate) use loom::future::AtomicWaker;
-#[cfg(loom)]
-pub(crate) use loom::thread::yield_now;
 
 #[cfg(not(loom))]
 pub(crate) use futures::task::AtomicWaker;
@@ -22,9 +20,6 @@ pub(crate) use futures::task::AtomicWaker;
 pub(crate) use std::sync::Mutex;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicUsize};
-#[cfg(not(loom))]
-#[allow(unused_imports)]
-pub(crate) use std::thread::yield_now;
 
 pub(crate) use std::sync::atomic::Ordering;
 
@@ -57,4 +52,12 @@ impl<T> UnsafeCell<T> {
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         f(self.0.get())
     }
+}
+
+/// Registers `waker` with `slot` (loom's `AtomicWaker` takes it differently).
+pub(crate) fn register_waker(slot: &AtomicWaker, waker: &std::task::Waker) {
+    #[cfg(loom)]
+    slot.register_by_ref(waker);
+    #[cfg(not(loom))]
+    slot.register(waker);
 }
