@@ -130,7 +130,9 @@ impl<O> Edge<O> {
 
 impl<O> std::fmt::Debug for Edge<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Edge").field("write", &self.write).finish_non_exhaustive()
+        f.debug_struct("Edge")
+            .field("write", &self.write)
+            .finish_non_exhaustive()
     }
 }
 
@@ -242,7 +244,10 @@ impl<O: Owner> Chain<O> {
                         unsafe { (*owner).grant() };
                         return;
                     }
-                    match self.rw.compare_exchange(cur, cur | WAITING, AcqRel, Acquire) {
+                    match self
+                        .rw
+                        .compare_exchange(cur, cur | WAITING, AcqRel, Acquire)
+                    {
                         Ok(_) => return,
                         Err(actual) => cur = actual,
                     }

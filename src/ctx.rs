@@ -134,7 +134,9 @@ impl OpCtx {
         let count = if edge.edge.is_write() {
             let count = self.borrows.get(i);
             count
-                .fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| (c != MUT).then_some(c + 1))
+                .fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| {
+                    (c != MUT).then_some(c + 1)
+                })
                 .map_err(|_| Error::Borrowed(var.id()))?;
             Some(count)
         } else {

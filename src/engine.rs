@@ -33,7 +33,10 @@ use crate::ctx::OpCtx;
 use crate::error::{BoxError, Error, OpFailure};
 use crate::exec::{Device, Executor, Queue};
 use crate::handle::{OpHandle, Wait};
-use crate::op::{AsyncBody, Body, Edges, Mode, OpBlock, OpEdge, OpFuture, Runner, SyncBody, in_op, with_current_op};
+use crate::op::{
+    AsyncBody, Body, Edges, Mode, OpBlock, OpEdge, OpFuture, Runner, SyncBody, in_op,
+    with_current_op,
+};
 use crate::pending::Pending;
 use crate::sync::Mutex;
 use crate::var::{AnyVar, Var, VarCore, VarState};
@@ -121,7 +124,9 @@ impl Drop for Handle {
         if in_op() {
             // Dropped inside an op: waiting here would wait for this very op.
             // Let a helper thread wait for the drain and stop the executors.
-            let spawned = std::thread::Builder::new().name("depflow-shutdown".into()).spawn(stop);
+            let spawned = std::thread::Builder::new()
+                .name("depflow-shutdown".into())
+                .spawn(stop);
             if spawned.is_err() {
                 // Cannot wait anywhere: the engine stays up (its ops still finish).
             }
@@ -232,11 +237,13 @@ impl EngineBuilder {
                 return Err(Error::Config(format!("device `{name}` is defined twice")));
             }
             if let crate::exec::Kind::Pool(0) = executor.0 {
-                return Err(Error::Config(format!("device `{name}`: a pool needs at least one thread")));
+                return Err(Error::Config(format!(
+                    "device `{name}`: a pool needs at least one thread"
+                )));
             }
-            let queue = executor
-                .build(name)
-                .map_err(|e| Error::Config(format!("device `{name}`: cannot spawn its threads: {e}")))?;
+            let queue = executor.build(name).map_err(|e| {
+                Error::Config(format!("device `{name}`: cannot spawn its threads: {e}"))
+            })?;
             devices.push(DeviceSlot {
                 name: name.clone(),
                 queue,
@@ -266,7 +273,9 @@ impl Engine {
     /// If the pool's threads cannot be spawned; use [`Engine::builder`] to
     /// handle that as an error.
     pub fn new() -> Self {
-        Self::builder().build().expect("depflow: cannot start the engine")
+        Self::builder()
+            .build()
+            .expect("depflow: cannot start the engine")
     }
 
     /// Configures an engine.
@@ -310,7 +319,10 @@ impl Engine {
         if device.engine != self.shared().id {
             return None;
         }
-        self.shared().devices.get(device.index()).map(|d| d.name.as_str())
+        self.shared()
+            .devices
+            .get(device.index())
+            .map(|d| d.name.as_str())
     }
 
     /// Describes an op to push with more options: a name, a priority, a
@@ -345,7 +357,12 @@ impl Engine {
     /// [`Error::ForeignVar`] for a variable of another engine,
     /// [`Error::Deleted`] for a deleted variable, [`Error::ShutDown`] after
     /// shutdown.
-    pub fn push<F, T, E>(&self, reads: &[&dyn AnyVar], mutates: &[&dyn AnyVar], f: F) -> Result<OpHandle<T>, Error>
+    pub fn push<F, T, E>(
+        &self,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        f: F,
+    ) -> Result<OpHandle<T>, Error>
     where
         F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
@@ -402,7 +419,11 @@ impl Engine {
     ///
     /// [`Error::Deleted`] if a delete was already pushed; otherwise as for
     /// [`push`](Self::push).
-    pub fn delete_var<T>(&self, var: &Var<T>, f: impl FnOnce(T) + Send + 'static) -> Result<OpHandle<()>, Error>
+    pub fn delete_var<T>(
+        &self,
+        var: &Var<T>,
+        f: impl FnOnce(T) + Send + 'static,
+    ) -> Result<OpHandle<()>, Error>
     where
         T: Send + Sync + 'static,
     {
@@ -425,7 +446,14 @@ impl Engine {
             Ok(())
         }));
         let edges = self.edges(&[], &[var], |_| Ok(()))?;
-        self.launch(edges, body, 0, Some(Cow::Borrowed("delete_var")), Mode::Maintenance, 0)
+        self.launch(
+            edges,
+            body,
+            0,
+            Some(Cow::Borrowed("delete_var")),
+            Mode::Maintenance,
+            0,
+        )
     }
 
     /// Clears the poison of `var`, in push order: ops pushed after this one
@@ -445,7 +473,14 @@ impl Engine {
             Ok(())
         }));
         let edges = self.edges(&[], &[var], |c| self.check_core(c))?;
-        self.launch(edges, body, 0, Some(Cow::Borrowed("clear_poison")), Mode::Maintenance, 0)
+        self.launch(
+            edges,
+            body,
+            0,
+            Some(Cow::Borrowed("clear_poison")),
+            Mode::Maintenance,
+            0,
+        )
     }
 
     /// Waits until every mutation pushed on `var` so far has completed.
@@ -458,14 +493,25 @@ impl Engine {
     where
         T: Send + Sync + 'static,
     {
-        let own = with_current_op(|op| op.is_some_and(|op| op.edges().iter().any(|e| Arc::ptr_eq(&e.var, var.core()))));
+        let own = with_current_op(|op| {
+            op.is_some_and(|op| op.edges().iter().any(|e| Arc::ptr_eq(&e.var, var.core())))
+        });
         if own {
             return Wait::ready(Err(Error::WaitsForItself));
         }
         let body = SyncBody(Some(|_: &OpCtx| Ok::<(), BoxError>(())));
         let pushed = self
             .edges(&[var], &[], |c| self.check_core(c))
-            .and_then(|edges| self.launch(edges, body, 0, Some(Cow::Borrowed("wait_for_var")), Mode::Normal, 0));
+            .and_then(|edges| {
+                self.launch(
+                    edges,
+                    body,
+                    0,
+                    Some(Cow::Borrowed("wait_for_var")),
+                    Mode::Normal,
+                    0,
+                )
+            });
         match pushed {
             Ok(handle) => Wait::op(handle),
             Err(e) => Wait::ready(Err(e)),
@@ -530,7 +576,10 @@ impl Engine {
         // Fast paths: one or two variables, no allocation.
         match (mutates, reads) {
             ([v], []) | ([], [v]) => {
-                return Ok(Edges::One([OpEdge::new(v.core().clone(), !mutates.is_empty())]));
+                return Ok(Edges::One([OpEdge::new(
+                    v.core().clone(),
+                    !mutates.is_empty(),
+                )]));
             }
             ([a], [b]) | ([a, b], []) | ([], [a, b]) => {
                 let (a, b) = (a.core(), b.core());
@@ -539,7 +588,10 @@ impl Engine {
                 return Ok(if Arc::ptr_eq(a, b) {
                     Edges::One([OpEdge::new(a.clone(), a_write)])
                 } else {
-                    Edges::Two([OpEdge::new(a.clone(), a_write), OpEdge::new(b.clone(), b_write)])
+                    Edges::Two([
+                        OpEdge::new(a.clone(), a_write),
+                        OpEdge::new(b.clone(), b_write),
+                    ])
                 });
             }
             _ => {}
@@ -550,7 +602,11 @@ impl Engine {
         let mut index = std::collections::HashSet::new();
         for (i, core) in all().enumerate() {
             let ptr = Arc::as_ptr(core);
-            let dup = if large { !index.insert(ptr) } else { seen.contains(&ptr) };
+            let dup = if large {
+                !index.insert(ptr)
+            } else {
+                seen.contains(&ptr)
+            };
             if !dup {
                 seen.push(ptr);
                 edges.push(OpEdge::new(core.clone(), i < mutates.len()));
@@ -576,9 +632,10 @@ impl Engine {
             return Err(Error::ShutDown);
         }
         let block = OpBlock::new(shared, device, priority, name, mode, generation, edges);
-        let (runner, task) = Builder::new()
-            .metadata(block)
-            .spawn(move |op: &OpBlock| OpFuture::new(op, body), async_task::WithInfo(schedule));
+        let (runner, task) = Builder::new().metadata(block).spawn(
+            move |op: &OpBlock| OpFuture::new(op, body),
+            async_task::WithInfo(schedule),
+        );
         // SAFETY: `runner` was just spawned for this block and never scheduled.
         unsafe { OpBlock::launch(runner) };
         Ok(OpHandle::new(task))

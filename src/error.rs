@@ -136,10 +136,12 @@ impl fmt::Display for Error {
             Error::ForeignVar(var) => write!(f, "{var} belongs to another engine"),
             Error::ShutDown => f.write_str("the engine is shut down"),
             Error::NoVars => f.write_str("an op must declare at least one variable"),
-            Error::BlockingInOp => {
-                f.write_str("blocking wait inside an op (it could deadlock the executor); use .await")
+            Error::BlockingInOp => f.write_str(
+                "blocking wait inside an op (it could deadlock the executor); use .await",
+            ),
+            Error::WaitsForItself => {
+                f.write_str("this wait inside an op would wait for the op itself")
             }
-            Error::WaitsForItself => f.write_str("this wait inside an op would wait for the op itself"),
             Error::NotDeclared(var) => write!(f, "the op did not declare {var}"),
             Error::NotMutable(var) => write!(f, "the op declared {var} as read, not mutated"),
             Error::Borrowed(var) => write!(f, "{var} is already borrowed by this op"),
@@ -158,7 +160,9 @@ impl std::error::Error for Error {
             Error::Failures { first, .. } => first,
             _ => return None,
         };
-        failure.op_error().map(|e| e as &(dyn std::error::Error + 'static))
+        failure
+            .op_error()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

@@ -74,7 +74,10 @@ impl<T> Future for OpHandle<T> {
     type Output = Result<T, Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let task = self.task.as_mut().expect("OpHandle polled after completion");
+        let task = self
+            .task
+            .as_mut()
+            .expect("OpHandle polled after completion");
         match Pin::new(task).poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(out) => {
@@ -84,7 +87,10 @@ impl<T> Future for OpHandle<T> {
                     // The task closed without output: its future was dropped
                     // before finishing, which released its grants with this
                     // same failure.
-                    Err(Error::Failed(Arc::new(OpFailure::new(None, FailureKind::Dropped))))
+                    Err(Error::Failed(Arc::new(OpFailure::new(
+                        None,
+                        FailureKind::Dropped,
+                    ))))
                 }))
             }
         }
@@ -180,7 +186,9 @@ impl Future for Wait {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.inner {
-            Inner::Ready(result) => Poll::Ready(result.take().expect("Wait polled after completion")),
+            Inner::Ready(result) => {
+                Poll::Ready(result.take().expect("Wait polled after completion"))
+            }
             Inner::Op(handle) => Pin::new(handle).poll(cx),
             Inner::Drain {
                 signal,
@@ -200,6 +208,8 @@ impl Future for Wait {
 
 impl std::fmt::Debug for Wait {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wait").field("ready", &self.is_ready()).finish()
+        f.debug_struct("Wait")
+            .field("ready", &self.is_ready())
+            .finish()
     }
 }

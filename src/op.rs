@@ -227,7 +227,11 @@ impl OpBlock {
         let edges = self.edges();
         let mut tokens = TokenSet::default();
         {
-            let _order = self.shared().push_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _order = self
+                .shared()
+                .push_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             for (i, e) in edges.iter().enumerate() {
                 // SAFETY: forwarded from `launch`.
                 if unsafe { e.var.chain.link(&e.edge) } {
@@ -340,7 +344,12 @@ impl std::fmt::Debug for OpBlock {
         let vars: Vec<_> = self
             .edges()
             .iter()
-            .map(|e| (e.var.id(), if e.edge.is_write() { "mutate" } else { "read" }))
+            .map(|e| {
+                (
+                    e.var.id(),
+                    if e.edge.is_write() { "mutate" } else { "read" },
+                )
+            })
             .collect();
         f.debug_struct("Op")
             .field("name", &self.name)
@@ -368,7 +377,9 @@ impl TokenSet {
     }
 
     fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..64).filter(|i| self.first & (1 << i) != 0).chain(self.rest.iter().copied())
+        (0..64)
+            .filter(|i| self.first & (1 << i) != 0)
+            .chain(self.rest.iter().copied())
     }
 }
 
@@ -408,7 +419,11 @@ where
         _cx: &mut Context<'_>,
     ) -> Poll<Result<T, BoxError>> {
         // `SyncBody` is `Unpin`: it never pins its closure.
-        let f = self.get_mut().0.take().expect("op body polled after it ran");
+        let f = self
+            .get_mut()
+            .0
+            .take()
+            .expect("op body polled after it ran");
         let ctx = OpCtx::borrowed(op);
         Poll::Ready(f(&ctx).map_err(Into::into))
     }
@@ -453,7 +468,8 @@ where
             this.fut = Some(start(OpCtx::leased(op, cx.waker().clone())));
         }
         // SAFETY: see above; `this` is pinned, so is `fut` inside it.
-        let fut = unsafe { Pin::new_unchecked(this.fut.as_mut().expect("async op polled after it ran")) };
+        let fut =
+            unsafe { Pin::new_unchecked(this.fut.as_mut().expect("async op polled after it ran")) };
         fut.poll(cx).map(|r| r.map_err(Into::into))
     }
 }
@@ -503,7 +519,10 @@ impl<B: Body> Future for OpFuture<B> {
                     Error::Poisoned(cause)
                 }
                 Skip::Deleted(var) => {
-                    let cause = Arc::new(OpFailure::new(op.name.clone(), FailureKind::InputDeleted(var)));
+                    let cause = Arc::new(OpFailure::new(
+                        op.name.clone(),
+                        FailureKind::InputDeleted(var),
+                    ));
                     op.finish(Some(cause), true);
                     Error::Deleted(var)
                 }

@@ -81,7 +81,9 @@ impl Default for Pending {
 
 impl std::fmt::Debug for Pending {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending").field("in_flight", &self.in_flight()).finish()
+        f.debug_struct("Pending")
+            .field("in_flight", &self.in_flight())
+            .finish()
     }
 }
 
@@ -170,6 +172,10 @@ impl Signal {
             return Poll::Ready(());
         }
         crate::sync::register_waker(&self.waker, cx.waker());
-        if self.is_fired() { Poll::Ready(()) } else { Poll::Pending }
+        if self.is_fired() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 }

@@ -8,11 +8,11 @@
 //! differential tests, not by loom.
 
 #[cfg(loom)]
+pub(crate) use loom::future::AtomicWaker;
+#[cfg(loom)]
 pub(crate) use loom::sync::Mutex;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicUsize};
-#[cfg(loom)]
-pub(crate) use loom::future::AtomicWaker;
 
 #[cfg(not(loom))]
 pub(crate) use futures::task::AtomicWaker;

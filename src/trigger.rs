@@ -59,7 +59,10 @@ impl<R> Trigger<R> {
 impl<R> std::fmt::Debug for Trigger<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trigger")
-            .field("pending", &self.pending.load(std::sync::atomic::Ordering::Relaxed))
+            .field(
+                "pending",
+                &self.pending.load(std::sync::atomic::Ordering::Relaxed),
+            )
             .finish()
     }
 }

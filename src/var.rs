@@ -131,7 +131,10 @@ impl Drop for VarCore {
     fn drop(&mut self) {
         // Every op holds its variables, so a variable dies only after the last
         // op on it has left its chain.
-        debug_assert!(self.chain.is_idle(), "variable dropped with ops in its chain");
+        debug_assert!(
+            self.chain.is_idle(),
+            "variable dropped with ops in its chain"
+        );
     }
 }
 

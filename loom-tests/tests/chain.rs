@@ -15,7 +15,10 @@ fn append_races_write_completion() {
         let data = Data::new();
         let w1 = Op::new(&[true]);
         w1.push1(&c);
-        assert!(w1.is_ready(), "a write on an idle variable is granted at once");
+        assert!(
+            w1.is_ready(),
+            "a write on an idle variable is granted at once"
+        );
 
         let t = thread::spawn({
             let (c, w1, data) = (c.clone(), w1.clone(), data.clone());
@@ -45,7 +48,10 @@ fn read_read_then_write() {
         r1.push1(&c);
         r2.push1(&c);
         w3.push1(&c);
-        assert!(r1.is_ready() && r2.is_ready(), "reads on an idle variable run at once");
+        assert!(
+            r1.is_ready() && r2.is_ready(),
+            "reads on an idle variable run at once"
+        );
         assert!(!w3.is_ready(), "the write must wait for the reads");
 
         let readers: Vec<_> = [r1.clone(), r2.clone()]

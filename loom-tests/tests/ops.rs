@@ -42,8 +42,16 @@ fn concurrent_multi_variable_pushes() {
                 op.wait_ready();
                 // Touch the data the way the declaration allows.
                 let (writes_a, writes_b) = (op_writes(&op, 0), op_writes(&op, 1));
-                if writes_a { da.write(1) } else { let _ = da.read(); }
-                if writes_b { db.write(1) } else { let _ = db.read(); }
+                if writes_a {
+                    da.write(1)
+                } else {
+                    let _ = da.read();
+                }
+                if writes_b {
+                    db.write(1)
+                } else {
+                    let _ = db.read();
+                }
                 op.complete(&a, 0);
                 op.complete(&b, 1);
             })
@@ -81,7 +89,13 @@ fn poison_passes_down() {
             }
         });
         let runner = thread::spawn({
-            let (a, b, x, state_a, state_b) = (a.clone(), b.clone(), x.clone(), state_a.clone(), state_b.clone());
+            let (a, b, x, state_a, state_b) = (
+                a.clone(),
+                b.clone(),
+                x.clone(),
+                state_a.clone(),
+                state_b.clone(),
+            );
             move || {
                 x.wait_ready();
                 if state_a.read() == POISONED {

@@ -101,7 +101,10 @@ fn straddling_push_is_covered_by_next_wait() {
         block_on(&pending.wait());
         if entered.load(Acquire) {
             block_on(&pending.wait());
-            assert!(finished.load(Acquire), "a wait missed an op counted in before it");
+            assert!(
+                finished.load(Acquire),
+                "a wait missed an op counted in before it"
+            );
         }
         pusher.join().unwrap();
     });

@@ -44,7 +44,9 @@ impl Queue for Inline {
         TRAMPOLINE.with(|t| *t.borrow_mut() = Some(VecDeque::new()));
         let _active = Active;
         first.run();
-        while let Some(next) = TRAMPOLINE.with(|t| t.borrow_mut().as_mut().and_then(VecDeque::pop_front)) {
+        while let Some(next) =
+            TRAMPOLINE.with(|t| t.borrow_mut().as_mut().and_then(VecDeque::pop_front))
+        {
             next.run();
         }
     }

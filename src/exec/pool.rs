@@ -251,7 +251,8 @@ impl Inner {
     /// A searching worker found work: stop counting it as searching, and if it
     /// was the last searcher and work is left, wake someone to look for it.
     fn found(&self, searching: &mut bool) {
-        if std::mem::take(searching) && self.searching.fetch_sub(1, SeqCst) == 1 && self.has_work() {
+        if std::mem::take(searching) && self.searching.fetch_sub(1, SeqCst) == 1 && self.has_work()
+        {
             self.notify();
         }
     }
@@ -317,7 +318,11 @@ impl Inner {
         let mut prio = self.prio.lock().unwrap_or_else(|e| e.into_inner());
         prio.seq += 1;
         let seq = prio.seq;
-        prio.heap.push(Prioritized { priority, seq, runner });
+        prio.heap.push(Prioritized {
+            priority,
+            seq,
+            runner,
+        });
         self.prio_len.fetch_add(1, SeqCst);
     }
 

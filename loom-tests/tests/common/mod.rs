@@ -4,8 +4,8 @@
 
 use depflow::__loom::{Chain, Edge, Owner, Trigger};
 use loom::cell::UnsafeCell;
-use loom::sync::{Arc, Notify};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use loom::sync::{Arc, Notify};
 
 pub struct Op {
     trigger: Trigger<usize>,
@@ -153,6 +153,11 @@ pub fn chain() -> Arc<Chain<Op>> {
 pub fn assert_clean(ops: &[&Arc<Op>]) {
     for op in ops {
         assert!(op.is_ready(), "an op was never granted");
-        assert_eq!(op.released(), op.edges(), "edges released {} times", op.released());
+        assert_eq!(
+            op.released(),
+            op.edges(),
+            "edges released {} times",
+            op.released()
+        );
     }
 }

@@ -1,0 +1,432 @@
+//! Bad input and failing ops: each gives its documented error, nothing hangs,
+//! the engine keeps running, and every op closure is dropped exactly once.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+use common::{DropCount, engines, within};
+use depflow::{Engine, Error, Executor, Var};
+
+fn set(engine: &Engine, v: &Var<i64>, x: i64) -> Result<depflow::OpHandle<()>, Error> {
+    let v2 = v.clone();
+    engine.push(&[], &[v], move |ctx| -> Result<(), Error> {
+        *ctx.write(&v2)? = x;
+        Ok(())
+    })
+}
+
+fn get(engine: &Engine, v: &Var<i64>) -> Result<i64, Error> {
+    let v2 = v.clone();
+    engine
+        .push(&[v], &[], move |ctx| -> Result<i64, Error> {
+            Ok(*ctx.read(&v2)?)
+        })?
+        .wait()
+}
+
+fn failing(engine: &Engine, v: &Var<i64>, name: &'static str) -> depflow::OpHandle<()> {
+    engine
+        .op()
+        .name(name)
+        .mutates(&[v])
+        .run(|_| -> Result<(), std::io::Error> { Err(std::io::Error::other("disk on fire")) })
+        .unwrap()
+}
+
+#[test]
+fn empty_variable_lists_are_refused() {
+    let engine = Engine::new();
+    let drops = DropCount::default();
+    let token = drops.token();
+    let r = engine.push(&[], &[], move |_| -> Result<(), Error> {
+        drop(token);
+        Ok(())
+    });
+    assert!(matches!(r, Err(Error::NoVars)));
+    assert_eq!(
+        drops.dropped(),
+        1,
+        "the rejected closure must be dropped once"
+    );
+}
+
+#[test]
+fn a_variable_from_another_engine_is_refused() {
+    let (e1, e2) = (Engine::new(), Engine::new());
+    let v = e1.var(0i64);
+    assert!(matches!(set(&e2, &v, 1), Err(Error::ForeignVar(id)) if id == v.id()));
+    assert!(matches!(
+        e2.wait_for_var(&v).wait(),
+        Err(Error::ForeignVar(_))
+    ));
+    assert!(matches!(
+        e2.delete_var(&v, |_| {}),
+        Err(Error::ForeignVar(_))
+    ));
+    // Nothing was disturbed on its own engine.
+    set(&e1, &v, 5).unwrap();
+    assert_eq!(get(&e1, &v).unwrap(), 5);
+}
+
+#[test]
+fn delete_runs_after_pending_uses_and_refuses_later_pushes() {
+    for (name, engine) in engines() {
+        let v = engine.var(vec![1u8; 16]);
+        let reads = Arc::new(AtomicUsize::new(0));
+        for _ in 0..10 {
+            let (v2, reads) = (v.clone(), reads.clone());
+            let _ = engine.push(&[&v], &[], move |ctx| -> Result<(), Error> {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                assert_eq!(ctx.read(&v2)?.len(), 16);
+                reads.fetch_add(1, SeqCst);
+                Ok(())
+            });
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reads2 = reads.clone();
+        let deleted = engine
+            .delete_var(&v, move |buf| {
+                // Runs after every op already pushed on the variable.
+                tx.send((buf.len(), reads2.load(SeqCst))).unwrap();
+            })
+            .unwrap();
+        deleted.wait().unwrap();
+        assert_eq!(rx.recv().unwrap(), (16, 10), "{name}");
+        assert!(
+            matches!(
+                engine.push(&[&v], &[], |_| Ok::<(), Error>(())),
+                Err(Error::Deleted(_))
+            ),
+            "{name}"
+        );
+        assert!(
+            matches!(engine.wait_for_var(&v).wait(), Err(Error::Deleted(_))),
+            "{name}"
+        );
+        assert!(
+            matches!(engine.delete_var(&v, |_| {}), Err(Error::Deleted(_))),
+            "{name}"
+        );
+        assert_eq!(v.version(), 1, "{name}");
+    }
+}
+
+#[test]
+fn an_op_racing_a_delete_sees_deleted_not_freed_memory() {
+    // Push and delete from two threads: each push either fails at once or its
+    // op resolves to `Deleted`; none runs on the deleted value.
+    for _ in 0..200 {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let v = engine.var(7i64);
+        let pusher = {
+            let (engine, v) = (engine.clone(), v.clone());
+            std::thread::spawn(move || {
+                (0..20)
+                    .map(|_| {
+                        let v2 = v.clone();
+                        engine.push(&[&v], &[], move |ctx| -> Result<i64, Error> {
+                            Ok(*ctx.read(&v2)?)
+                        })
+                    })
+                    .map(|r| r.and_then(|h| h.wait()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        engine.delete_var(&v, |_| {}).unwrap();
+        for r in pusher.join().unwrap() {
+            assert!(matches!(r, Ok(7) | Err(Error::Deleted(_))), "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn pushes_after_shutdown_are_refused() {
+    let engine = Engine::builder().threads(2).build().unwrap();
+    let v = engine.var(0i64);
+    let clone = engine.clone();
+    set(&engine, &v, 1).unwrap();
+    engine.shutdown().wait().unwrap();
+    assert!(matches!(set(&clone, &v, 2), Err(Error::ShutDown)));
+    assert!(matches!(
+        clone.wait_for_var(&v).wait(),
+        Err(Error::ShutDown)
+    ));
+    assert!(clone.wait_all().wait().is_ok());
+}
+
+#[test]
+fn a_failing_op_poisons_what_it_mutates_and_names_itself() {
+    for (name, engine) in engines() {
+        let (a, b, c) = (engine.var(1i64), engine.var(2i64), engine.var(3i64));
+        let err = failing(&engine, &a, "load weights").wait().unwrap_err();
+        let Error::Failed(failure) = &err else {
+            panic!("{name}: {err:?}")
+        };
+        assert_eq!(failure.op_name(), Some("load weights"));
+        assert_eq!(failure.message(), "disk on fire");
+        assert!(
+            err.to_string().contains("load weights") && err.to_string().contains("disk on fire")
+        );
+        assert!(
+            failure
+                .op_error()
+                .unwrap()
+                .downcast_ref::<std::io::Error>()
+                .is_some()
+        );
+
+        // b = a + 1 does not run: b is poisoned by the same failure.
+        let (a2, b2) = (a.clone(), b.clone());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let ran2 = ran.clone();
+        let skipped = engine
+            .push(&[&a], &[&b], move |ctx| -> Result<(), Error> {
+                ran2.fetch_add(1, SeqCst);
+                *ctx.write(&b2)? = *ctx.read(&a2)? + 1;
+                Ok(())
+            })
+            .unwrap()
+            .wait();
+        let Err(Error::Poisoned(cause)) = skipped else {
+            panic!("{name}: {skipped:?}")
+        };
+        assert_eq!(cause.op_name(), Some("load weights"), "{name}");
+        assert_eq!(ran.load(SeqCst), 0, "{name}: a poisoned op ran");
+        // Poison passes down; c, untouched, is fine; the engine keeps running.
+        assert!(
+            matches!(get(&engine, &b), Err(Error::Poisoned(c)) if c.op_name() == Some("load weights"))
+        );
+        assert!(
+            matches!(engine.wait_for_var(&b).wait(), Err(Error::Poisoned(_))),
+            "{name}"
+        );
+        assert_eq!(get(&engine, &c).unwrap(), 3);
+        assert_eq!(
+            (a.version(), b.version()),
+            (1, 1),
+            "skipped mutations still count"
+        );
+        // wait_all reports the failure once.
+        let all = engine.wait_all().wait();
+        assert!(
+            matches!(all, Err(Error::Failures { count: 1, .. })),
+            "{name}: {all:?}"
+        );
+        assert!(engine.wait_all().wait().is_ok(), "{name}: reported twice");
+        // Poison clears in push order with clear_poison.
+        engine.clear_poison(&a).unwrap();
+        set(&engine, &a, 10).unwrap();
+        assert_eq!(get(&engine, &a).unwrap(), 10, "{name}");
+    }
+}
+
+#[test]
+fn a_panicking_op_is_an_error_not_a_crash() {
+    for (name, engine) in engines() {
+        let v = engine.var(0i64);
+        let v2 = v.clone();
+        let err = engine
+            .op()
+            .name("boom")
+            .mutates(&[&v])
+            .run(move |ctx| -> Result<(), Error> {
+                *ctx.write(&v2)? = 99;
+                panic!("index out of range");
+            })
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        let Error::Failed(failure) = &err else {
+            panic!("{name}: {err:?}")
+        };
+        assert!(failure.is_panic(), "{name}");
+        assert!(failure.message().contains("index out of range"), "{name}");
+        assert!(
+            matches!(get(&engine, &v), Err(Error::Poisoned(_))),
+            "{name}"
+        );
+        // The executor survived: unrelated work still runs.
+        let w = engine.var(1i64);
+        assert_eq!(get(&engine, &w).unwrap(), 1, "{name}");
+        let _ = engine.wait_all().wait();
+    }
+}
+
+#[test]
+fn an_async_op_that_fails_after_awaiting_poisons_too() {
+    let engine = Engine::builder().threads(2).build().unwrap();
+    let v = engine.var(0i64);
+    let r = engine
+        .push_async(&[], &[&v], |_ctx| async {
+            futures::future::ready(()).await;
+            Err::<(), _>("late failure")
+        })
+        .unwrap()
+        .wait();
+    assert!(matches!(r, Err(Error::Failed(f)) if f.message() == "late failure"));
+    assert!(matches!(get(&engine, &v), Err(Error::Poisoned(_))));
+}
+
+#[test]
+fn undeclared_and_conflicting_access_are_errors() {
+    let engine = Engine::builder().threads(1).build().unwrap();
+    let (a, b, c) = (engine.var(1i64), engine.var(2i64), engine.var(3i64));
+    let (a2, b2, c2) = (a.clone(), b.clone(), c.clone());
+    engine
+        .push(&[&a], &[&b], move |ctx| -> Result<(), Error> {
+            assert!(matches!(ctx.read(&c2), Err(Error::NotDeclared(id)) if id == c2.id()));
+            assert!(matches!(ctx.write(&a2), Err(Error::NotMutable(_))));
+            let w = ctx.write(&b2)?;
+            assert!(matches!(ctx.write(&b2), Err(Error::Borrowed(_))));
+            assert!(matches!(ctx.read(&b2), Err(Error::Borrowed(_))));
+            drop(w);
+            let r1 = ctx.read(&b2)?;
+            let r2 = ctx.read(&b2)?;
+            assert!(matches!(ctx.write(&b2), Err(Error::Borrowed(_))));
+            assert_eq!(*r1 + *r2 + *ctx.read(&a2)?, 5);
+            Ok(())
+        })
+        .unwrap()
+        .wait()
+        .unwrap();
+}
+
+#[test]
+fn blocking_waits_inside_an_op_are_errors_not_hangs() {
+    for (name, engine) in engines() {
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (tx, rx) = futures::channel::oneshot::channel::<()>();
+        // An op that will not finish until we say so (without holding a
+        // worker thread meanwhile).
+        let slow = engine
+            .push_async(&[], &[&b], move |_| async move {
+                let _ = rx.await;
+                Ok::<(), Error>(())
+            })
+            .unwrap();
+        let (engine2, a2, b2) = (engine.clone(), a.clone(), b.clone());
+        let outcome = engine
+            .push(&[], &[&a], move |_| -> Result<(), Error> {
+                assert!(matches!(slow.wait(), Err(Error::BlockingInOp)));
+                assert!(matches!(
+                    engine2.wait_all().wait(),
+                    Err(Error::WaitsForItself)
+                ));
+                assert!(matches!(
+                    engine2.wait_for_var(&a2).wait(),
+                    Err(Error::WaitsForItself)
+                ));
+                assert!(matches!(
+                    engine2.wait_for_var(&b2).wait(),
+                    Err(Error::BlockingInOp)
+                ));
+                Ok(())
+            })
+            .unwrap();
+        // The inline executor ran the op above inside push; the others run it
+        // on a worker while `slow` is pending.
+        let done = within(20, move || outcome.wait());
+        tx.send(()).unwrap();
+        done.unwrap_or_else(|e| panic!("{name}: {e}"));
+        engine.wait_all().wait().unwrap();
+    }
+}
+
+#[test]
+fn every_op_closure_is_dropped_exactly_once() {
+    for (name, engine) in engines() {
+        let drops = DropCount::default();
+        let pushed = Arc::new(AtomicUsize::new(0));
+        let v = engine.var(0i64);
+        let mut expect = 0;
+        let mut push = |engine: &Engine, vars: &[&dyn depflow::AnyVar], fail: bool| {
+            let token = drops.token();
+            expect += 1;
+            let pushed = pushed.clone();
+            let r = engine.push(&[], vars, move |_| -> Result<(), String> {
+                let _token = token;
+                pushed.fetch_add(1, SeqCst);
+                if fail { Err("no".into()) } else { Ok(()) }
+            });
+            drop(r);
+        };
+        push(&engine, &[&v], false); // runs
+        push(&engine, &[&v], true); // runs and fails
+        push(&engine, &[&v], false); // skipped: poisoned
+        push(&engine, &[], false); // refused: no variables
+        let other = Engine::new();
+        push(&other, &[&v], false); // refused: foreign variable
+        engine.delete_var(&v, |_| {}).unwrap();
+        push(&engine, &[&v], false); // refused: deleted
+        // Async ops: skipped ones drop their closure without calling it.
+        let w = engine.var(0i64);
+        let _ = failing(&engine, &w, "fail");
+        let token = drops.token();
+        expect += 1;
+        let _ = engine.push_async(&[&w], &[], move |_| async move {
+            let _token = token;
+            Ok::<(), Error>(())
+        });
+        engine.wait_all().wait().ok();
+        within(20, {
+            let drops = drops.clone();
+            move || {
+                while drops.dropped() < expect {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        assert_eq!(drops.dropped(), expect, "{name}");
+        assert_eq!(
+            pushed.load(SeqCst),
+            2,
+            "{name}: only two closures should have run"
+        );
+    }
+}
+
+#[test]
+fn an_executor_that_drops_ops_fails_them_instead_of_hanging() {
+    let engine = Engine::builder()
+        .executor(Executor::custom(|job| drop(job)))
+        .build()
+        .unwrap();
+    let v = engine.var(0i64);
+    let r = within(20, {
+        let (engine, v) = (engine.clone(), v.clone());
+        move || set(&engine, &v, 1).unwrap().wait()
+    });
+    assert!(
+        matches!(r, Err(Error::Failed(ref f)) if f.message().contains("dropped")),
+        "{r:?}"
+    );
+    // What depended on it is poisoned, not stuck.
+    let r = within(20, move || get(&engine, &v));
+    assert!(
+        matches!(r, Err(Error::Poisoned(_)) | Err(Error::Failed(_))),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn bad_configurations_are_errors() {
+    assert!(matches!(
+        Engine::builder().threads(0).build(),
+        Err(Error::Config(_))
+    ));
+    let dup = Engine::builder()
+        .device("x", Executor::pool(1))
+        .device("x", Executor::inline())
+        .build();
+    assert!(matches!(dup, Err(Error::Config(_))));
+    let (e1, e2) = (Engine::new(), Engine::new());
+    let v = e2.new_var();
+    let r = e2
+        .op()
+        .on(e1.default_device())
+        .mutates(&[&v])
+        .run(|_| Ok::<(), Error>(()));
+    assert!(matches!(r, Err(Error::Config(_))));
+}
