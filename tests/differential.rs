@@ -1,0 +1,491 @@
+//! Differential test, in the spirit of MXNet's RandSumExpr: random programs
+//! (random reads and mutations over a few dozen variables, short sleeps,
+//! failing and panicking ops, async ops, deletes, probes of intermediate
+//! values, sometimes several pushing threads) run on every executor, and every
+//! op's outcome, every probe, and every variable's final value, state and
+//! version must equal what a serial replay of the program gives.
+//!
+//! `DEPFLOW_DIFF_PROGRAMS` sets the number of programs per executor (default
+//! 1000; CI runs the default).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use common::{Rng, engines, within};
+use depflow::{AnyVar, Engine, Error, Var};
+
+const VARS: usize = 24;
+
+#[derive(Clone, Debug)]
+enum Body {
+    Compute,
+    Fail,
+    Panic,
+    Sleep(u64),
+    Spin(u32),
+    /// An async op that yields once before computing.
+    Yield,
+    /// An async op that waits for another thread to wake it.
+    Timer(u64),
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Op {
+        reads: Vec<usize>,
+        mutates: Vec<usize>,
+        body: Body,
+        priority: i32,
+        device: usize,
+    },
+    Delete(usize),
+    /// Reads a variable's value through an op pushed at this point.
+    Probe(usize),
+    /// `wait_for_var`, compared with the replay's state.
+    Wait(usize),
+}
+
+/// What a step resolved to; compared between the engine and the replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    Value(u64),
+    Failed(String),
+    Poisoned(String),
+    Refused(&'static str),
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    Live(u64),
+    Poisoned(String),
+    Deleted,
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The value an op writes to its `k`-th mutated variable.
+fn compute(op: usize, k: usize, old: u64, inputs: u64) -> u64 {
+    mix(old
+        .wrapping_add((op as u64).wrapping_mul(31))
+        .wrapping_add(inputs.wrapping_mul(17))
+        .wrapping_add(k as u64))
+}
+
+fn generate(
+    rng: &mut Rng,
+    vars: &[usize],
+    shared: &[usize],
+    len: usize,
+    devices: usize,
+) -> Vec<Step> {
+    let mut steps = Vec::with_capacity(len);
+    let mut deleted = Vec::new();
+    for _ in 0..len {
+        let pick = |rng: &mut Rng, from: &[usize]| from[rng.below(from.len() as u64) as usize];
+        let roll = rng.below(100);
+        if roll < 2 && vars.len() > deleted.len() + 2 {
+            let v = pick(rng, vars);
+            deleted.push(v);
+            steps.push(Step::Delete(v));
+            continue;
+        }
+        if roll < 8 {
+            steps.push(Step::Probe(pick(rng, vars)));
+            continue;
+        }
+        if roll < 11 {
+            steps.push(Step::Wait(pick(rng, vars)));
+            continue;
+        }
+        let nr = rng.below(4) as usize;
+        let nm = rng.below(3) as usize;
+        let mut reads: Vec<usize> = (0..nr)
+            .map(|_| {
+                if !shared.is_empty() && rng.below(3) == 0 {
+                    pick(rng, shared)
+                } else {
+                    pick(rng, vars)
+                }
+            })
+            .collect();
+        let mutates: Vec<usize> = (0..nm).map(|_| pick(rng, vars)).collect();
+        if reads.is_empty() && mutates.is_empty() {
+            reads.push(pick(rng, vars));
+        }
+        let body = match rng.below(100) {
+            0..=3 => Body::Fail,
+            4..=5 => Body::Panic,
+            6..=8 => Body::Sleep(1 + rng.below(50)),
+            9..=29 => Body::Spin(rng.below(2000) as u32),
+            30..=37 => Body::Yield,
+            38..=40 => Body::Timer(rng.below(200)),
+            _ => Body::Compute,
+        };
+        let priority = if rng.below(5) == 0 {
+            rng.below(7) as i32 - 3
+        } else {
+            0
+        };
+        let device = rng.below(devices as u64) as usize;
+        steps.push(Step::Op {
+            reads,
+            mutates,
+            body,
+            priority,
+            device,
+        });
+    }
+    steps
+}
+
+/// The declared variables in the engine's edge order: mutated first, each
+/// variable once, read-and-mutated counting as mutated.
+fn edge_order(reads: &[usize], mutates: &[usize]) -> Vec<(usize, bool)> {
+    let mut out: Vec<(usize, bool)> = Vec::new();
+    for &m in mutates {
+        if !out.iter().any(|&(v, _)| v == m) {
+            out.push((m, true));
+        }
+    }
+    for &r in reads {
+        if !out.iter().any(|&(v, _)| v == r) {
+            out.push((r, false));
+        }
+    }
+    out
+}
+
+/// What the engine must do, computed serially.
+fn replay(
+    name: &str,
+    steps: &[Step],
+    states: &mut BTreeMap<usize, State>,
+    versions: &mut BTreeMap<usize, u64>,
+) -> Vec<Outcome> {
+    let mut outcomes = Vec::with_capacity(steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        let outcome = match step {
+            Step::Delete(v) => {
+                if states[v] == State::Deleted {
+                    Outcome::Refused("deleted")
+                } else {
+                    states.insert(*v, State::Deleted);
+                    *versions.get_mut(v).unwrap() += 1;
+                    Outcome::Done
+                }
+            }
+            Step::Probe(v) | Step::Wait(v) => match &states[v] {
+                State::Deleted => Outcome::Refused("deleted"),
+                State::Poisoned(cause) => Outcome::Poisoned(cause.clone()),
+                State::Live(x) => match step {
+                    Step::Probe(_) => Outcome::Value(*x),
+                    _ => Outcome::Done,
+                },
+            },
+            Step::Op {
+                reads,
+                mutates,
+                body,
+                ..
+            } => {
+                let edges = edge_order(reads, mutates);
+                if edges.iter().any(|(v, _)| states[v] == State::Deleted) {
+                    outcomes.push(Outcome::Refused("deleted"));
+                    continue;
+                }
+                let op_name = format!("{name}{i}");
+                let poisoned = edges.iter().find_map(|(v, _)| match &states[v] {
+                    State::Poisoned(c) => Some(c.clone()),
+                    _ => None,
+                });
+                let result = match (poisoned, body) {
+                    (Some(cause), _) => Err(Outcome::Poisoned(cause)),
+                    (None, Body::Fail | Body::Panic) => Err(Outcome::Failed(op_name.clone())),
+                    (None, _) => Ok(()),
+                };
+                let inputs: u64 = reads
+                    .iter()
+                    .map(|r| match states[r] {
+                        State::Live(x) => x,
+                        _ => 0,
+                    })
+                    .fold(0, u64::wrapping_add);
+                for (k, (v, write)) in edges.iter().enumerate() {
+                    if !write {
+                        continue;
+                    }
+                    *versions.get_mut(v).unwrap() += 1;
+                    let new = match &result {
+                        Ok(()) => match states[v] {
+                            State::Live(old) => State::Live(compute(i, k, old, inputs)),
+                            _ => unreachable!(),
+                        },
+                        Err(Outcome::Poisoned(cause)) => State::Poisoned(cause.clone()),
+                        Err(_) => State::Poisoned(op_name.clone()),
+                    };
+                    states.insert(*v, new);
+                }
+                match result {
+                    Ok(()) => Outcome::Value(inputs),
+                    Err(o) => o,
+                }
+            }
+        };
+        outcomes.push(outcome);
+    }
+    outcomes
+}
+
+/// A future that wakes itself once before finishing.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if std::mem::replace(&mut self.0, true) {
+            Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+fn to_outcome<T>(r: Result<T, Error>, ok: impl FnOnce(T) -> Outcome) -> Outcome {
+    match r {
+        Ok(v) => ok(v),
+        Err(Error::Failed(f)) => Outcome::Failed(f.op_name().unwrap_or("?").to_string()),
+        Err(Error::Poisoned(f)) => Outcome::Poisoned(f.op_name().unwrap_or("?").to_string()),
+        Err(Error::Deleted(_)) => Outcome::Refused("deleted"),
+        Err(e) => panic!("unexpected error {e}"),
+    }
+}
+
+type Pending = Box<dyn FnOnce() -> Outcome + Send>;
+
+/// Pushes the program on the engine, in order, and returns how to collect
+/// each step's outcome.
+fn run(engine: &Engine, name: &str, steps: &[Step], vars: &[Var<u64>]) -> Vec<Pending> {
+    let devices: Vec<_> = (0..3)
+        .map(|d| match d {
+            0 => engine.default_device(),
+            d => engine
+                .device(&format!("d{d}"))
+                .unwrap_or(engine.default_device()),
+        })
+        .collect();
+    let mut pending: Vec<Pending> = Vec::with_capacity(steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        match step {
+            Step::Delete(v) => {
+                let r = engine.delete_var(&vars[*v], |_| {});
+                pending.push(Box::new(move || {
+                    to_outcome(r.and_then(|h| h.wait()), |()| Outcome::Done)
+                }));
+            }
+            Step::Probe(v) => {
+                let var = vars[*v].clone();
+                let r = engine.push(&[&vars[*v]], &[], move |ctx| -> Result<u64, Error> {
+                    Ok(*ctx.read(&var)?)
+                });
+                pending.push(Box::new(move || {
+                    to_outcome(r.and_then(|h| h.wait()), Outcome::Value)
+                }));
+            }
+            Step::Wait(v) => {
+                let w = engine.wait_for_var(&vars[*v]);
+                pending.push(Box::new(move || to_outcome(w.wait(), |()| Outcome::Done)));
+            }
+            Step::Op {
+                reads,
+                mutates,
+                body,
+                priority,
+                device,
+            } => {
+                let r_vars: Vec<Var<u64>> = reads.iter().map(|&r| vars[r].clone()).collect();
+                let edges = edge_order(reads, mutates);
+                let m_vars: Vec<Var<u64>> = edges
+                    .iter()
+                    .filter(|e| e.1)
+                    .map(|&(m, _)| vars[m].clone())
+                    .collect();
+                let r_decl: Vec<&dyn AnyVar> =
+                    reads.iter().map(|&r| &vars[r] as &dyn AnyVar).collect();
+                let m_decl: Vec<&dyn AnyVar> =
+                    mutates.iter().map(|&m| &vars[m] as &dyn AnyVar).collect();
+                let compute_all = move |ctx: &depflow::OpCtx| -> Result<u64, Error> {
+                    let mut inputs = 0u64;
+                    for r in &r_vars {
+                        inputs = inputs.wrapping_add(*ctx.read(r)?);
+                    }
+                    for (k, m) in m_vars.iter().enumerate() {
+                        let mut v = ctx.write(m)?;
+                        *v = compute(i, k, *v, inputs);
+                    }
+                    Ok(inputs)
+                };
+                let builder = engine
+                    .op()
+                    .name(format!("{name}{i}"))
+                    .priority(*priority)
+                    .on(devices[*device % devices.len()])
+                    .reads(&r_decl)
+                    .mutates(&m_decl);
+                let r = match body.clone() {
+                    Body::Compute => builder.run(compute_all),
+                    Body::Fail => {
+                        builder.run(|_| -> Result<u64, String> { Err("planned failure".into()) })
+                    }
+                    Body::Panic => {
+                        builder.run(|_| -> Result<u64, Error> { panic!("planned panic") })
+                    }
+                    Body::Sleep(us) => builder.run(move |ctx| {
+                        std::thread::sleep(Duration::from_micros(us));
+                        compute_all(ctx)
+                    }),
+                    Body::Spin(n) => builder.run(move |ctx| {
+                        for _ in 0..n {
+                            std::hint::spin_loop();
+                        }
+                        compute_all(ctx)
+                    }),
+                    Body::Yield => builder.run_async(move |ctx| async move {
+                        YieldOnce(false).await;
+                        compute_all(&ctx)
+                    }),
+                    Body::Timer(us) => builder.run_async(move |ctx| async move {
+                        let (tx, rx) = futures::channel::oneshot::channel();
+                        std::thread::spawn(move || {
+                            std::thread::sleep(Duration::from_micros(us));
+                            let _ = tx.send(());
+                        });
+                        let _ = rx.await;
+                        compute_all(&ctx)
+                    }),
+                };
+                pending.push(Box::new(move || {
+                    to_outcome(r.and_then(|h| h.wait()), Outcome::Value)
+                }));
+            }
+        }
+    }
+    pending
+}
+
+fn final_state(engine: &Engine, var: &Var<u64>) -> State {
+    let v = var.clone();
+    match engine.push(&[var], &[], move |ctx| -> Result<u64, Error> {
+        Ok(*ctx.read(&v)?)
+    }) {
+        Err(Error::Deleted(_)) => State::Deleted,
+        Err(e) => panic!("{e}"),
+        Ok(h) => match h.wait() {
+            Ok(x) => State::Live(x),
+            Err(Error::Poisoned(f)) => State::Poisoned(f.op_name().unwrap().to_string()),
+            Err(e) => panic!("{e}"),
+        },
+    }
+}
+
+/// One program on one engine: `pushers` threads, each with its own mutated
+/// variables and a few shared read-only ones.
+fn check_program(engine: &Engine, seed: u64, pushers: usize) {
+    let mut rng = Rng(seed);
+    let vars: Vec<Var<u64>> = (0..VARS).map(|i| engine.var(i as u64 * 1000)).collect();
+    let shared: Vec<usize> = (VARS - 4..VARS).collect();
+    let per = (VARS - 4) / pushers;
+    let mut initial: BTreeMap<usize, State> = (0..VARS)
+        .map(|i| (i, State::Live(i as u64 * 1000)))
+        .collect();
+    let mut versions: BTreeMap<usize, u64> = (0..VARS).map(|i| (i, 0)).collect();
+    let len = 20 + rng.below(100) as usize;
+    let programs: Vec<(String, Vec<Step>, Vec<Outcome>)> = (0..pushers)
+        .map(|t| {
+            let own: Vec<usize> = (t * per..(t + 1) * per).collect();
+            let mut steps = generate(&mut rng, &own, &shared, len, 3);
+            if pushers > 1 {
+                // Shared variables stay read-only: keep their reads only.
+                steps.retain(|s| !matches!(s, Step::Delete(v) | Step::Probe(v) | Step::Wait(v) if shared.contains(v)));
+            }
+            let name = format!("t{t}op");
+            let expected = replay(&name, &steps, &mut initial, &mut versions);
+            (name, steps, expected)
+        })
+        .collect();
+    let results: Vec<Vec<Outcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = programs
+            .iter()
+            .map(|(name, steps, _)| {
+                let vars = &vars;
+                s.spawn(move || run(engine, name, steps, vars))
+            })
+            .collect();
+        let pending: Vec<Vec<Pending>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        pending
+            .into_iter()
+            .map(|p| p.into_iter().map(|f| f()).collect())
+            .collect()
+    });
+    for ((name, steps, expected), got) in programs.iter().zip(&results) {
+        for (i, (e, g)) in expected.iter().zip(got).enumerate() {
+            assert_eq!(e, g, "seed {seed}, {name}{i}: {:?}", steps[i]);
+        }
+    }
+    for (i, var) in vars.iter().enumerate() {
+        assert_eq!(
+            final_state(engine, var),
+            initial[&i],
+            "seed {seed}: final state of var {i}"
+        );
+        assert_eq!(
+            var.version(),
+            versions[&i],
+            "seed {seed}: version of var {i}"
+        );
+    }
+    let _ = engine.wait_all().wait();
+}
+
+fn programs() -> u64 {
+    std::env::var("DEPFLOW_DIFF_PROGRAMS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000)
+}
+
+#[test]
+fn random_programs_match_a_serial_replay_on_every_executor() {
+    let n = programs();
+    for (name, engine) in engines() {
+        let name = name.to_string();
+        within(600, move || {
+            for seed in 0..n {
+                let pushers = if seed % 4 == 3 {
+                    1 + (seed as usize / 4) % 3
+                } else {
+                    1
+                };
+                let engine = engine.clone();
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    check_program(&engine, seed, pushers)
+                }));
+                if let Err(e) = result {
+                    eprintln!("executor {name}, seed {seed}, {pushers} pusher(s) failed");
+                    std::panic::resume_unwind(e);
+                }
+            }
+        });
+    }
+}
