@@ -72,8 +72,12 @@ pub trait Owner {
 }
 
 /// `link` bit: the token holder has moved past this edge and left the rest to
-/// the appender of the next edge. The other bits hold that next edge.
-const PASSED: usize = 0b1;
+/// the appender of the next edge.
+const PASSED: usize = 0b01;
+/// `link` bit, set at creation and never changed: the edge is a write.
+const WRITE: usize = 0b10;
+/// The `link` bits that are not the next edge's address.
+const FLAGS: usize = PASSED | WRITE;
 
 /// `rw` bit: a write holds the parked token and waits for the reads in flight.
 const WAITING: usize = 0b1;
@@ -82,11 +86,10 @@ const READER: usize = 0b10;
 
 /// One op's access to one variable.
 pub struct Edge<O> {
-    /// The next edge's address, or'ed with `PASSED`.
+    /// The next edge's address, or'ed with `PASSED` and `WRITE`.
     link: AtomicUsize,
     /// The op this edge belongs to; set once before the edge is linked.
     owner: UnsafeCell<*const O>,
-    write: bool,
 }
 
 // SAFETY: an edge is shared between the threads of the chain protocol; its
@@ -100,15 +103,17 @@ impl<O> Edge<O> {
     /// A fresh edge, not yet owned or linked.
     pub fn new(write: bool) -> Self {
         Self {
-            link: AtomicUsize::new(0),
+            link: AtomicUsize::new(if write { WRITE } else { 0 }),
             owner: UnsafeCell::new(ptr::null()),
-            write,
         }
     }
 
     /// Whether this edge mutates its variable.
+    #[inline]
     pub fn is_write(&self) -> bool {
-        self.write
+        // WRITE is set before the edge is shared and never changes, so any
+        // load sees it.
+        self.link.load(Relaxed) & WRITE != 0
     }
 
     /// Records the op that owns this edge.
@@ -121,6 +126,7 @@ impl<O> Edge<O> {
         self.owner.with_mut(|p| unsafe { *p = owner });
     }
 
+    #[inline]
     fn owner(&self) -> *const O {
         // SAFETY: written once before the edge was published (see `set_owner`);
         // publication through `tail`/`link` orders that write before this read.
@@ -131,14 +137,25 @@ impl<O> Edge<O> {
 impl<O> std::fmt::Debug for Edge<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Edge")
-            .field("write", &self.write)
+            .field("write", &self.is_write())
             .finish_non_exhaustive()
     }
 }
 
 /// One variable's chain of edges.
+///
+/// Laid out on two cache lines: pushers swap `tail`; token holders and
+/// completing ops work on `rw` and `parked`. Keeping them apart means a pusher
+/// running ahead of the workers does not steal their line on every push.
+#[repr(C, align(64))]
 pub struct Chain<O> {
     tail: AtomicPtr<Edge<O>>,
+    granted: Granted<O>,
+}
+
+/// The grant side of a chain, on its own cache line.
+#[repr(C, align(64))]
+struct Granted<O> {
     rw: AtomicUsize,
     /// The write the token is parked on while `rw` carries `WAITING`.
     parked: UnsafeCell<*const Edge<O>>,
@@ -155,15 +172,17 @@ impl<O> Default for Chain<O> {
     fn default() -> Self {
         Self {
             tail: AtomicPtr::new(ptr::null_mut()),
-            rw: AtomicUsize::new(0),
-            parked: UnsafeCell::new(ptr::null()),
+            granted: Granted {
+                rw: AtomicUsize::new(0),
+                parked: UnsafeCell::new(ptr::null()),
+            },
         }
     }
 }
 
 impl<O> std::fmt::Debug for Chain<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let rw = self.rw.load(Relaxed);
+        let rw = self.granted.rw.load(Relaxed);
         f.debug_struct("Chain")
             .field("idle", &self.tail.load(Relaxed).is_null())
             .field("reads_in_flight", &(rw / READER))
@@ -175,7 +194,7 @@ impl<O> std::fmt::Debug for Chain<O> {
 impl<O: Owner> Chain<O> {
     /// Whether no edge is queued or in flight (a snapshot, for diagnostics).
     pub fn is_idle(&self) -> bool {
-        self.tail.load(Acquire).is_null() && self.rw.load(Acquire) == 0
+        self.tail.load(Acquire).is_null() && self.granted.rw.load(Acquire) == 0
     }
 
     /// Appends `e` and, if that hands this thread the token, grants what can
@@ -184,6 +203,7 @@ impl<O: Owner> Chain<O> {
     /// # Safety
     ///
     /// See the module's safety contract; `e` has its owner set.
+    #[inline]
     pub unsafe fn append(&self, e: *const Edge<O>) {
         // SAFETY: forwarded contract.
         unsafe {
@@ -200,6 +220,7 @@ impl<O: Owner> Chain<O> {
     /// # Safety
     ///
     /// As for [`append`](Self::append).
+    #[inline]
     pub unsafe fn link(&self, e: *const Edge<O>) -> bool {
         // AcqRel: publishes `e`'s initialisation to the next appender, and
         // takes the idle token's history from the last holder.
@@ -212,7 +233,7 @@ impl<O: Owner> Chain<O> {
         // leaves the release to us).
         unsafe {
             let old = (*prev).link.fetch_or(e as usize, AcqRel);
-            debug_assert_eq!(old & !PASSED, 0, "edge linked twice");
+            debug_assert_eq!(old & !FLAGS, 0, "edge linked twice");
             if old & PASSED == 0 {
                 return false;
             }
@@ -231,13 +252,13 @@ impl<O: Owner> Chain<O> {
     pub unsafe fn advance(&self, mut e: *const Edge<O>) {
         loop {
             // SAFETY: we hold the token at `e`, so `e` is not released.
-            let (owner, write) = unsafe { ((*e).owner(), (*e).write) };
+            let (owner, write) = unsafe { ((*e).owner(), (*e).is_write()) };
             if write {
                 // Park the token here first: if readers are in flight, the last
                 // one reads `parked` after our CAS below publishes it.
                 // SAFETY: only the token holder writes `parked`.
-                self.parked.with_mut(|p| unsafe { *p = e });
-                let mut cur = self.rw.load(Acquire);
+                self.granted.parked.with_mut(|p| unsafe { *p = e });
+                let mut cur = self.granted.rw.load(Acquire);
                 loop {
                     if cur == 0 {
                         // SAFETY: the owner is alive until its edges complete.
@@ -245,6 +266,7 @@ impl<O: Owner> Chain<O> {
                         return;
                     }
                     match self
+                        .granted
                         .rw
                         .compare_exchange(cur, cur | WAITING, AcqRel, Acquire)
                     {
@@ -253,7 +275,7 @@ impl<O: Owner> Chain<O> {
                     }
                 }
             }
-            self.rw.fetch_add(READER, AcqRel);
+            self.granted.rw.fetch_add(READER, AcqRel);
             // SAFETY: the owner is alive until its edges complete.
             unsafe { (*owner).grant() };
             // SAFETY: we still hold the token at `e`.
@@ -270,18 +292,19 @@ impl<O: Owner> Chain<O> {
     ///
     /// One granted, not yet completed read edge of this chain is completed
     /// by this call.
+    #[inline]
     pub unsafe fn complete_read(&self) {
-        let prev = self.rw.fetch_sub(READER, AcqRel);
+        let prev = self.granted.rw.fetch_sub(READER, AcqRel);
         debug_assert!(prev >= READER, "read completed twice");
         if prev == READER | WAITING {
             // Last reader out, a write waits: the parked token is ours. Nobody
             // else touches `rw` now (no reads in flight, the token is here).
-            self.rw.store(0, Relaxed);
+            self.granted.rw.store(0, Relaxed);
             // SAFETY: `parked` was written before the CAS that set WAITING,
             // which our fetch_sub (Acquire) read; the parked edge holds the
             // token so it is not released.
             unsafe {
-                let w = self.parked.with(|p| *p);
+                let w = self.granted.parked.with(|p| *p);
                 (*(*w).owner()).grant();
             }
         }
@@ -292,6 +315,7 @@ impl<O: Owner> Chain<O> {
     /// # Safety
     ///
     /// `e` is this chain's granted write, completed once.
+    #[inline]
     pub unsafe fn complete_write(&self, e: *const Edge<O>) {
         // SAFETY: a granted write holds the token until it completes.
         unsafe {
@@ -307,12 +331,13 @@ impl<O: Owner> Chain<O> {
     /// # Safety
     ///
     /// The calling thread holds the token at `e`; `e` must not be used after.
+    #[inline]
     unsafe fn pass(&self, e: *const Edge<O>) -> Option<*const Edge<O>> {
         // SAFETY: we hold the token at `e`, so it is live until we release it.
         unsafe {
             let owner = (*e).owner();
             let mut link = (*e).link.load(Acquire);
-            if link == 0 {
+            if link & !FLAGS == 0 {
                 // No successor linked yet. If none was appended, go idle.
                 if self
                     .tail
@@ -325,12 +350,12 @@ impl<O: Owner> Chain<O> {
                 // An appender swapped itself in and is about to link: whoever of
                 // us marks `link` second carries on.
                 link = (*e).link.fetch_or(PASSED, AcqRel);
-                if link == 0 {
+                if link & !FLAGS == 0 {
                     return None;
                 }
             }
             O::release(owner);
-            Some((link & !PASSED) as *const Edge<O>)
+            Some((link & !FLAGS) as *const Edge<O>)
         }
     }
 }

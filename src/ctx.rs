@@ -13,7 +13,7 @@ use std::task::Waker;
 use crate::error::Error;
 use crate::exec::Device;
 use crate::op::{OpBlock, OpEdge};
-use crate::var::Var;
+use crate::var::VarKey;
 
 /// Borrow counters kept inline for this many variables; more spill to the heap.
 const INLINE_BORROWS: usize = 4;
@@ -107,80 +107,83 @@ impl OpCtx {
         unsafe { &*self.op }
     }
 
-    fn find<T>(&self, var: &Var<T>) -> Result<(usize, &OpEdge), Error>
-    where
-        T: Send + Sync,
-    {
-        let core = crate::var::AnyVar::core(var);
+    /// The op's edge on the variable `key` names.
+    fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
         self.op()
             .edges()
             .iter()
             .enumerate()
-            .find(|(_, e)| std::sync::Arc::ptr_eq(&e.var, core))
-            .ok_or(Error::NotDeclared(var.id()))
+            .find(|(_, e)| key.names(&e.var))
+            .ok_or(Error::NotDeclared(key.id()))
     }
 
     /// Borrows the value of a variable the op declared (read or mutated).
+    /// `var` is the variable (`&Var<T>`) or its [`VarKey`].
     ///
     /// # Errors
     ///
-    /// [`Error::NotDeclared`] if the op did not declare `var`;
+    /// [`Error::NotDeclared`] if the op did not declare the variable;
     /// [`Error::Borrowed`] if the body holds a mutable borrow of it.
-    pub fn read<'a, T>(&'a self, var: &'a Var<T>) -> Result<VarRef<'a, T>, Error>
+    pub fn read<T>(&self, var: impl Into<VarKey<T>>) -> Result<VarRef<'_, T>, Error>
     where
-        T: Send + Sync,
+        T: Send + Sync + 'static,
     {
-        let (i, edge) = self.find(var)?;
+        let key = var.into();
+        let (i, edge) = self.find(key)?;
         let count = if edge.edge.is_write() {
             let count = self.borrows.get(i);
             count
                 .fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| {
                     (c != MUT).then_some(c + 1)
                 })
-                .map_err(|_| Error::Borrowed(var.id()))?;
+                .map_err(|_| Error::Borrowed(key.id()))?;
             Some(count)
         } else {
             None
         };
-        // SAFETY: the op holds a grant on `var` while this context lives, and
-        // the borrow count excludes a live mutable borrow from this body.
-        match unsafe { var.value().get() } {
+        // SAFETY: the key names this edge's variable, so `T` is its value type
+        // (keys are made only from a `Var<T>`, and ids are unique); the op
+        // holds a grant on it while this context lives, and the borrow count
+        // excludes a live mutable borrow from this body.
+        match unsafe { (*edge.var.value::<T>().get()).as_ref() } {
             Some(value) => Ok(VarRef { value, count }),
             None => {
                 if let Some(c) = count {
                     c.fetch_sub(1, Ordering::Release);
                 }
-                Err(Error::Deleted(var.id()))
+                Err(Error::Deleted(key.id()))
             }
         }
     }
 
     /// Mutably borrows the value of a variable the op declared as mutated.
+    /// `var` is the variable (`&Var<T>`) or its [`VarKey`].
     ///
     /// # Errors
     ///
-    /// [`Error::NotDeclared`] if the op did not declare `var`;
+    /// [`Error::NotDeclared`] if the op did not declare the variable;
     /// [`Error::NotMutable`] if it declared it as read only;
     /// [`Error::Borrowed`] if the body already borrows it.
-    pub fn write<'a, T>(&'a self, var: &'a Var<T>) -> Result<VarMut<'a, T>, Error>
+    pub fn write<T>(&self, var: impl Into<VarKey<T>>) -> Result<VarMut<'_, T>, Error>
     where
-        T: Send + Sync,
+        T: Send + Sync + 'static,
     {
-        let (i, edge) = self.find(var)?;
+        let key = var.into();
+        let (i, edge) = self.find(key)?;
         if !edge.edge.is_write() {
-            return Err(Error::NotMutable(var.id()));
+            return Err(Error::NotMutable(key.id()));
         }
         let count = self.borrows.get(i);
         count
             .compare_exchange(0, MUT, Ordering::Acquire, Ordering::Relaxed)
-            .map_err(|_| Error::Borrowed(var.id()))?;
-        // SAFETY: the op holds the write grant on `var` while this context
-        // lives, and the borrow count makes this the only borrow of it.
-        match unsafe { var.value().get_mut() } {
+            .map_err(|_| Error::Borrowed(key.id()))?;
+        // SAFETY: as in `read`; the op holds the write grant, and the borrow
+        // count makes this the only borrow of the value.
+        match unsafe { (*edge.var.value::<T>().get()).as_mut() } {
             Some(value) => Ok(VarMut { value, count }),
             None => {
                 count.store(0, Ordering::Release);
-                Err(Error::Deleted(var.id()))
+                Err(Error::Deleted(key.id()))
             }
         }
     }

@@ -31,7 +31,7 @@ use async_task::{Builder, ScheduleInfo};
 
 use crate::ctx::OpCtx;
 use crate::error::{BoxError, Error, OpFailure};
-use crate::exec::{Device, Executor, Queue};
+use crate::exec::{Device, Exec, Executor};
 use crate::handle::{OpHandle, Wait};
 use crate::op::{
     AsyncBody, Body, Edges, Mode, OpBlock, OpEdge, OpFuture, Runner, SyncBody, in_op,
@@ -42,6 +42,9 @@ use crate::sync::Mutex;
 use crate::var::{AnyVar, Var, VarCore, VarState};
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Declarations of up to this many variables are normalised on the stack.
+const SMALL_DECL: usize = 8;
 
 /// The name of the default device.
 pub const DEFAULT_DEVICE: &str = "cpu";
@@ -54,12 +57,11 @@ pub(crate) struct Shared {
     pub(crate) push_lock: Mutex<()>,
     closed: AtomicBool,
     failures: StdMutex<FailureLog>,
-    next_var: AtomicU64,
 }
 
 struct DeviceSlot {
     name: String,
-    queue: Box<dyn Queue>,
+    queue: Exec,
 }
 
 #[derive(Default)]
@@ -74,6 +76,7 @@ impl Shared {
     }
 
     /// Hands a ready op to its device's executor.
+    #[inline]
     pub(crate) fn dispatch(&self, runner: Runner, yielded: bool) {
         let device = runner.metadata().device() as usize;
         self.devices[device].queue.schedule(runner, yielded);
@@ -118,8 +121,9 @@ impl Drop for Handle {
         let shared = self.shared.clone();
         let stop = move || {
             let drained = shared.close();
-            futures::executor::block_on(std::future::poll_fn(|cx| drained.poll_fired(cx)));
+            crate::reclaim::block_on(std::future::poll_fn(|cx| drained.poll_fired(cx)));
             shared.stop_executors();
+            crate::reclaim::drain();
         };
         if in_op() {
             // Dropped inside an op: waiting here would wait for this very op.
@@ -256,7 +260,6 @@ impl EngineBuilder {
             push_lock: Mutex::new(()),
             closed: AtomicBool::new(false),
             failures: StdMutex::new(FailureLog::default()),
-            next_var: AtomicU64::new(0),
         });
         Ok(Engine {
             handle: Arc::new(Handle { shared }),
@@ -299,8 +302,7 @@ impl Engine {
     /// A new variable owning `value`, which ops reach through their
     /// [`OpCtx`].
     pub fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
-        let id = self.shared().next_var.fetch_add(1, Ordering::Relaxed);
-        Var::new(VarCore::new(self.shared().id, id), value)
+        Var::new(self.shared().id, value)
     }
 
     /// The default device.
@@ -433,12 +435,11 @@ impl Engine {
         }
         let target = var.clone();
         let body = SyncBody(Some(move |_: &OpCtx| -> Result<(), BoxError> {
-            let core = target.core();
             // SAFETY: this op holds the write grant on `target`, and no borrow
             // of its value exists (no `OpCtx` access was made).
             let value = unsafe {
-                core.set_state(VarState::Deleted);
-                target.value().take()
+                target.core().set_state(VarState::Deleted);
+                (*target.value().get()).take()
             };
             if let Some(value) = value {
                 f(value);
@@ -493,9 +494,9 @@ impl Engine {
     where
         T: Send + Sync + 'static,
     {
-        let own = with_current_op(|op| {
-            op.is_some_and(|op| op.edges().iter().any(|e| Arc::ptr_eq(&e.var, var.core())))
-        });
+        let key = var.key();
+        let own =
+            with_current_op(|op| op.is_some_and(|op| op.edges().iter().any(|e| key.names(&e.var))));
         if own {
             return Wait::ready(Err(Error::WaitsForItself));
         }
@@ -544,7 +545,7 @@ impl Engine {
     }
 
     /// Whether `var` may be used with this engine.
-    fn check_var<T: Send + Sync>(&self, var: &Var<T>) -> Result<(), Error> {
+    fn check_var<T>(&self, var: &Var<T>) -> Result<(), Error> {
         self.check_core(var.core())
     }
 
@@ -566,50 +567,63 @@ impl Engine {
         mutates: &[&dyn AnyVar],
         check: impl Fn(&VarCore) -> Result<(), Error>,
     ) -> Result<Edges, Error> {
-        let all = || mutates.iter().chain(reads).map(|v| v.core());
+        let all = || mutates.iter().chain(reads);
         if mutates.is_empty() && reads.is_empty() {
             return Err(Error::NoVars);
         }
-        for core in all() {
-            check(core)?;
+        for var in all() {
+            check(var.core())?;
         }
         // Fast paths: one or two variables, no allocation.
         match (mutates, reads) {
             ([v], []) | ([], [v]) => {
-                return Ok(Edges::One([OpEdge::new(
-                    v.core().clone(),
-                    !mutates.is_empty(),
-                )]));
+                return Ok(Edges::One([OpEdge::new(v.hold(), !mutates.is_empty())]));
             }
             ([a], [b]) | ([a, b], []) | ([], [a, b]) => {
-                let (a, b) = (a.core(), b.core());
                 let a_write = !mutates.is_empty();
                 let b_write = mutates.len() == 2;
-                return Ok(if Arc::ptr_eq(a, b) {
-                    Edges::One([OpEdge::new(a.clone(), a_write)])
+                return Ok(if std::ptr::eq(a.core(), b.core()) {
+                    Edges::One([OpEdge::new(a.hold(), a_write)])
                 } else {
                     Edges::Two([
-                        OpEdge::new(a.clone(), a_write),
-                        OpEdge::new(b.clone(), b_write),
+                        OpEdge::new(a.hold(), a_write),
+                        OpEdge::new(b.hold(), b_write),
                     ])
                 });
             }
             _ => {}
         }
-        let mut seen: Vec<*const VarCore> = Vec::with_capacity(mutates.len() + reads.len());
-        let mut edges = Vec::with_capacity(mutates.len() + reads.len());
-        let large = mutates.len() + reads.len() > 32;
-        let mut index = std::collections::HashSet::new();
-        for (i, core) in all().enumerate() {
-            let ptr = Arc::as_ptr(core);
-            let dup = if large {
-                !index.insert(ptr)
-            } else {
-                seen.contains(&ptr)
+        let n = mutates.len() + reads.len();
+        if n <= SMALL_DECL {
+            // Dedup on the stack: no allocation unless more than three remain.
+            let mut kept: [Option<(&dyn AnyVar, bool)>; SMALL_DECL] = [None; SMALL_DECL];
+            let mut k = 0;
+            for (i, var) in all().enumerate() {
+                if !kept[..k]
+                    .iter()
+                    .flatten()
+                    .any(|(v, _)| std::ptr::eq(v.core(), var.core()))
+                {
+                    kept[k] = Some((*var, i < mutates.len()));
+                    k += 1;
+                }
+            }
+            let edge = |j: usize| {
+                let (var, write) = kept[j].expect("kept");
+                OpEdge::new(var.hold(), write)
             };
-            if !dup {
-                seen.push(ptr);
-                edges.push(OpEdge::new(core.clone(), i < mutates.len()));
+            return Ok(match k {
+                1 => Edges::One([edge(0)]),
+                2 => Edges::Two([edge(0), edge(1)]),
+                3 => Edges::Three([edge(0), edge(1), edge(2)]),
+                _ => Edges::Many((0..k).map(edge).collect()),
+            });
+        }
+        let mut edges: Vec<OpEdge> = Vec::with_capacity(n);
+        let mut index = std::collections::HashSet::new();
+        for (i, var) in all().enumerate() {
+            if index.insert(var.core() as *const VarCore) {
+                edges.push(OpEdge::new(var.hold(), i < mutates.len()));
             }
         }
         Ok(Edges::from_vec(edges))

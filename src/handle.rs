@@ -13,6 +13,7 @@ use crate::engine::Shared;
 use crate::error::{Error, FailureKind, OpFailure};
 use crate::op::{OpBlock, in_op};
 use crate::pending::Signal;
+use crate::reclaim;
 
 /// The result of a pushed op: a future that resolves once the op has run (or
 /// was skipped), to its output or its error.
@@ -33,7 +34,6 @@ use crate::pending::Signal;
 /// assert_eq!(handle.wait()?, 42);
 /// # Ok::<(), depflow::Error>(())
 /// ```
-#[must_use = "an OpHandle carries the op's result; dropping it does not cancel the op"]
 pub struct OpHandle<T> {
     task: Option<FallibleTask<Result<T, Error>, OpBlock>>,
 }
@@ -66,7 +66,7 @@ impl<T> OpHandle<T> {
         if in_op() && !self.is_finished() {
             return Err(Error::BlockingInOp);
         }
-        futures::executor::block_on(self)
+        reclaim::block_on(self)
     }
 }
 
@@ -83,6 +83,7 @@ impl<T> Future for OpHandle<T> {
             Poll::Ready(out) => {
                 // Completed: nothing left to detach.
                 self.task = None;
+                reclaim::collect();
                 Poll::Ready(out.unwrap_or_else(|| {
                     // The task closed without output: its future was dropped
                     // before finishing, which released its grants with this
@@ -177,7 +178,7 @@ impl Wait {
         if in_op() && !self.is_ready() {
             return Err(Error::BlockingInOp);
         }
-        futures::executor::block_on(self)
+        reclaim::block_on(self)
     }
 }
 
@@ -196,6 +197,8 @@ impl Future for Wait {
                 report_failures,
             } => {
                 std::task::ready!(signal.poll_fired(cx));
+                // Everything this thread pushed before is finished: free it.
+                reclaim::drain();
                 Poll::Ready(if *report_failures {
                     shared.take_failures()
                 } else {

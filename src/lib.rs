@@ -87,6 +87,7 @@
 #![warn(missing_docs)]
 #![doc(test(attr(deny(warnings))))]
 
+mod anchor;
 mod chain;
 mod ctx;
 mod engine;
@@ -95,6 +96,7 @@ mod exec;
 mod handle;
 mod op;
 mod pending;
+mod reclaim;
 mod sync;
 mod trigger;
 mod var;
@@ -104,13 +106,14 @@ pub use engine::{DEFAULT_DEVICE, Engine, EngineBuilder, OpBuilder};
 pub use error::{BoxError, Error, OpFailure};
 pub use exec::{Device, Executor, Job};
 pub use handle::{OpHandle, Wait};
-pub use var::{AnyVar, Var, VarId};
+pub use var::{AnyVar, Var, VarId, VarKey};
 
 /// Internals exposed to the loom models in `loom-tests/` (built with
 /// `--cfg loom`). Not part of the API.
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod __loom {
+    pub use crate::anchor::Anchor;
     pub use crate::chain::{Chain, Edge, Owner};
     pub use crate::pending::{Pending, Signal};
     pub use crate::trigger::Trigger;

@@ -14,8 +14,11 @@
 //!
 //! - The `OpBlock` lives as long as the task allocation. Chains may touch an
 //!   edge after its op finished (an appender linking behind it), so the block
-//!   holds a [`Waker`] of its own task, the *anchor*, until the chain has
-//!   released every edge ([`Owner::release`]).
+//!   holds a [`Waker`] of its own task, the *anchor*, until `refs` (one per
+//!   edge the chains have not released, plus one until the op has run) drops
+//!   to zero. The thread that pushed the op then drops the anchor (see
+//!   [`reclaim`](crate::reclaim)), or, for an orphaned op, the thread whose
+//!   decrement reaches zero.
 //! - The engine's shared state outlives every op between `Pending::enter` (at
 //!   push) and `Pending::leave` (the last step of completion): the engine
 //!   shuts down only after pending ops drained. So an op dereferences its
@@ -32,28 +35,31 @@ use std::task::{Context, Poll, Waker};
 
 use async_task::Runnable;
 
+use crate::anchor::Anchor;
 use crate::chain::{Edge, Owner};
 use crate::ctx::OpCtx;
 use crate::engine::Shared;
 use crate::error::{BoxError, Error, FailureKind, OpFailure};
-use crate::sync::{AtomicU8, AtomicU32, Ordering::AcqRel, UnsafeCell};
+use crate::reclaim;
+use crate::sync::{AtomicU8, Ordering::AcqRel, UnsafeCell};
 use crate::trigger::Trigger;
-use crate::var::{VarCore, VarState};
+use crate::var::{VarHold, VarState};
 
 /// A runnable op, as executors see it.
 pub(crate) type Runner = Runnable<OpBlock>;
 
-/// Edges stored inside the op's allocation; more spill to the heap.
-pub(crate) const INLINE_EDGES: usize = 2;
+/// Edges stored inside the op's allocation (two inputs and an output, the
+/// common shape); more spill to one heap allocation.
+pub(crate) const INLINE_EDGES: usize = 3;
 
 /// One op's access to one variable: the chain edge and the variable it is in.
 pub(crate) struct OpEdge {
     pub(crate) edge: Edge<OpBlock>,
-    pub(crate) var: Arc<VarCore>,
+    pub(crate) var: VarHold,
 }
 
 impl OpEdge {
-    pub(crate) fn new(var: Arc<VarCore>, write: bool) -> Self {
+    pub(crate) fn new(var: VarHold, write: bool) -> Self {
         Self {
             edge: Edge::new(write),
             var,
@@ -64,27 +70,31 @@ impl OpEdge {
 /// The op's edges, writes first, each variable once.
 pub(crate) enum Edges {
     One([OpEdge; 1]),
-    Two([OpEdge; INLINE_EDGES]),
+    Two([OpEdge; 2]),
+    Three([OpEdge; INLINE_EDGES]),
     Many(Box<[OpEdge]>),
 }
 
 impl Edges {
-    pub(crate) fn from_vec(mut edges: Vec<OpEdge>) -> Self {
-        match edges.len() {
-            1 => Edges::One([edges.pop().unwrap()]),
-            2 => {
-                let b = edges.pop().unwrap();
-                let a = edges.pop().unwrap();
-                Edges::Two([a, b])
-            }
-            _ => Edges::Many(edges.into_boxed_slice()),
+    pub(crate) fn from_vec(edges: Vec<OpEdge>) -> Self {
+        match <[OpEdge; INLINE_EDGES]>::try_from(edges) {
+            Ok(three) => Edges::Three(three),
+            Err(edges) => match <[OpEdge; 2]>::try_from(edges) {
+                Ok(two) => Edges::Two(two),
+                Err(edges) => match <[OpEdge; 1]>::try_from(edges) {
+                    Ok(one) => Edges::One(one),
+                    Err(edges) => Edges::Many(edges.into_boxed_slice()),
+                },
+            },
         }
     }
 
+    #[inline]
     pub(crate) fn as_slice(&self) -> &[OpEdge] {
         match self {
             Edges::One(e) => e,
             Edges::Two(e) => e,
+            Edges::Three(e) => e,
             Edges::Many(e) => e,
         }
     }
@@ -102,8 +112,13 @@ pub(crate) enum Mode {
 /// An op's metadata, stored in its task's header.
 pub(crate) struct OpBlock {
     trigger: Trigger<Runner>,
-    /// Edges the chains have not released yet.
-    refs: AtomicU32,
+    /// A waker of this very task, keeping its allocation alive while chains
+    /// may still touch an edge; counts the edges not released yet, plus one
+    /// until the op has run.
+    anchor: Anchor<Waker>,
+    /// The next op its pushing thread adopted (see `reclaim`); only that
+    /// thread touches it.
+    next_adopted: UnsafeCell<*const OpBlock>,
     /// 0, or (once an async body leased its `OpCtx`) how many of the future
     /// and the context still hold the grants: the last one releases them.
     holders: AtomicU8,
@@ -112,19 +127,13 @@ pub(crate) struct OpBlock {
     device: u16,
     priority: i32,
     shared: *const Shared,
-    /// A waker of this very task, keeping its allocation alive while chains
-    /// may still touch an edge.
-    anchor: UnsafeCell<Option<Waker>>,
-    /// An async op's failure, stashed for its lease to act on.
-    outcome: UnsafeCell<Option<Arc<OpFailure>>>,
     name: Option<Cow<'static, str>>,
     edges: Edges,
 }
 
-// SAFETY: the cells of an `OpBlock` are accessed under the protocols of the
-// module docs: `anchor` by the pusher before publication and by the single
-// releaser of the last edge; `outcome` by the future before, and the lease
-// after, the `holders` hand-off. Everything else is atomic or immutable.
+// SAFETY: `next_adopted` is touched only by the pushing thread (see
+// `reclaim`); the trigger and the anchor are `Sync`; everything else is
+// atomic or immutable.
 unsafe impl Send for OpBlock {}
 // SAFETY: as above.
 unsafe impl Sync for OpBlock {}
@@ -142,37 +151,41 @@ impl OpBlock {
         let n = edges.as_slice().len() as u32;
         Self {
             trigger: Trigger::new(n),
-            refs: AtomicU32::new(n),
+            anchor: Anchor::new(n + 1),
+            next_adopted: UnsafeCell::new(std::ptr::null()),
             holders: AtomicU8::new(0),
             generation,
             mode,
             device,
             priority,
             shared,
-            anchor: UnsafeCell::new(None),
-            outcome: UnsafeCell::new(None),
             name,
             edges,
         }
     }
 
+    #[inline]
     pub(crate) fn name(&self) -> Option<&str> {
         self.name.as_deref()
     }
 
+    #[inline]
     pub(crate) fn priority(&self) -> i32 {
         self.priority
     }
 
+    #[inline]
     pub(crate) fn device(&self) -> u16 {
         self.device
     }
 
+    #[inline]
     pub(crate) fn edges(&self) -> &[OpEdge] {
         self.edges.as_slice()
     }
 
     /// The engine's shared state; valid while the op is pending.
+    #[inline]
     pub(crate) fn shared(&self) -> &Shared {
         // SAFETY: see "Lifetimes" in the module docs: the engine's shared state
         // outlives every op until the op's `Pending::leave`, after which this
@@ -195,7 +208,7 @@ impl OpBlock {
         // block before its edges are linked, so the writes below are exclusive.
         unsafe {
             let this = &*op;
-            this.anchor.with_mut(|a| *a = Some(runner.waker()));
+            this.anchor.set(runner.waker());
             for e in this.edges() {
                 e.edge.set_owner(op);
             }
@@ -211,7 +224,66 @@ impl OpBlock {
             if let Some(runner) = this.trigger.release() {
                 this.shared().dispatch(runner, false);
             }
+            // This thread frees the op once it is finished.
+            reclaim::adopt(this);
         }
+    }
+
+    /// Whether the op has run and the chains have released all its edges.
+    #[inline]
+    pub(crate) fn is_finished(&self) -> bool {
+        self.anchor.is_finished()
+    }
+
+    /// Drops the anchor of a finished op, which may free it.
+    ///
+    /// # Safety
+    ///
+    /// Called once, by the thread that adopted the op, after `is_finished`.
+    pub(crate) unsafe fn reclaim(this: *const Self) {
+        // SAFETY: finished, so we are the anchor's taker; the anchor keeps
+        // `this` alive until it is dropped, after this statement.
+        drop(unsafe { (*this).anchor.take() });
+    }
+
+    /// Gives up the adopting thread's anchor: whoever brings the count to zero
+    /// drops it (this thread, if the op is already finished).
+    ///
+    /// # Safety
+    ///
+    /// Called once, by the thread that adopted the op (or would have), and
+    /// not together with `reclaim`.
+    pub(crate) unsafe fn orphan(this: *const Self) {
+        // SAFETY: forwarded; the anchor keeps `this` alive until dropped.
+        drop(unsafe { (*this).anchor.orphan() });
+    }
+
+    /// Counts one reference out; the last one out of an orphaned op drops its
+    /// anchor (which may free it: the caller must not touch it afterwards).
+    ///
+    /// # Safety
+    ///
+    /// `this` is alive; each reference is counted out once.
+    #[inline]
+    unsafe fn unref(this: *const Self) {
+        // SAFETY: forwarded; the anchor keeps `this` alive until dropped.
+        drop(unsafe { (*this).anchor.unref() });
+    }
+
+    /// # Safety
+    ///
+    /// Only the adopting thread calls this.
+    pub(crate) unsafe fn set_next_adopted(&self, next: *const OpBlock) {
+        // SAFETY: only the adopting thread touches the link.
+        self.next_adopted.with_mut(|n| unsafe { *n = next });
+    }
+
+    /// # Safety
+    ///
+    /// Only the adopting thread calls this.
+    pub(crate) unsafe fn next_adopted(&self) -> *const OpBlock {
+        // SAFETY: only the adopting thread touches the link.
+        self.next_adopted.with(|n| unsafe { *n })
     }
 
     /// Links every edge under the engine's push lock, so that all variables'
@@ -251,6 +323,10 @@ impl OpBlock {
     fn blocked_by(&self) -> Option<Skip> {
         for e in self.edges() {
             // SAFETY: the op is running, so it holds a grant on every edge.
+            if unsafe { e.var.is_live() } {
+                continue;
+            }
+            // SAFETY: as above.
             match unsafe { e.var.state() } {
                 VarState::Live => {}
                 VarState::Poisoned(cause) if self.mode == Mode::Normal => {
@@ -264,45 +340,46 @@ impl OpBlock {
     }
 
     /// The op finished (ran, failed, or was skipped with `failure` as cause).
-    /// Releases its grants, unless its leased `OpCtx` is still alive.
+    /// Poisons what it mutates on failure, then releases its grants, unless
+    /// its leased `OpCtx` is still alive.
     fn finish(&self, failure: Option<Arc<OpFailure>>, record: bool) {
-        if record && let Some(f) = &failure {
-            self.shared().record_failure(f.clone());
-        }
-        // `holders` is 0 unless the body leased its context (see `lease`).
-        if self.holders.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-            // SAFETY: only the future writes `outcome`, before its `holders`
-            // decrement; the lease reads it after its own decrement observes ours.
-            self.outcome.with_mut(|o| unsafe { *o = failure.clone() });
-            if self.holders.fetch_sub(1, AcqRel) != 1 {
-                return; // the lease releases the grants when it is dropped
+        if let Some(f) = failure {
+            // Still holding every grant: the mutated variables are ours.
+            for e in self.edges().iter().filter(|e| e.edge.is_write()) {
+                // SAFETY: the op holds the write grant on this variable.
+                unsafe {
+                    if !matches!(e.var.state(), VarState::Deleted) {
+                        e.var.set_state(VarState::Poisoned(f.clone()));
+                    }
+                }
+            }
+            if record {
+                self.shared().record_failure(f);
             }
         }
-        self.release_grants(failure);
+        // `holders` is 0 unless the body leased its context (see `lease`).
+        if self.holders.load(std::sync::atomic::Ordering::Relaxed) != 0
+            && self.holders.fetch_sub(1, AcqRel) != 1
+        {
+            return; // the lease releases the grants when it is dropped
+        }
+        self.release_grants();
     }
 
     /// Called when a leased `OpCtx` is dropped.
     pub(crate) fn lease_dropped(&self) {
         if self.holders.fetch_sub(1, AcqRel) == 1 {
-            // SAFETY: the future stashed the outcome before its decrement,
-            // which ours observed; nobody writes it any more.
-            let failure = self.outcome.with_mut(|o| unsafe { (*o).take() });
-            self.release_grants(failure);
+            self.release_grants();
         }
     }
 
     /// Completes every edge and counts the op out. The op never touches the
     /// engine after this.
-    fn release_grants(&self, failure: Option<Arc<OpFailure>>) {
+    fn release_grants(&self) {
         for e in self.edges() {
             // SAFETY: each edge was granted and is completed exactly once, here.
             unsafe {
                 if e.edge.is_write() {
-                    if let Some(f) = &failure
-                        && !matches!(e.var.state(), VarState::Deleted)
-                    {
-                        e.var.set_state(VarState::Poisoned(f.clone()));
-                    }
                     e.var.bump_version();
                     e.var.chain.complete_write(&e.edge);
                 } else {
@@ -311,6 +388,10 @@ impl OpBlock {
             }
         }
         self.shared().pending.leave(self.generation);
+        // The run's share of `refs`. Our caller (the future or the lease)
+        // still holds the task, so this cannot free the block.
+        // SAFETY: counted out once, here.
+        unsafe { Self::unref(self) };
     }
 
     /// Marks an async op as having leased its `OpCtx`: from now on the
@@ -321,21 +402,17 @@ impl OpBlock {
 }
 
 impl Owner for OpBlock {
+    #[inline]
     fn grant(&self) {
         if let Some(runner) = self.trigger.release() {
             self.shared().dispatch(runner, false);
         }
     }
 
+    #[inline]
     unsafe fn release(this: *const Self) {
-        // SAFETY: the caller passes a live block; we only read it before the
-        // anchor is dropped, which may free it.
-        unsafe {
-            if (*this).refs.fetch_sub(1, AcqRel) == 1 {
-                let anchor = (*this).anchor.with_mut(|a| (*a).take());
-                drop(anchor);
-            }
-        }
+        // SAFETY: the caller passes a live block and does not touch it after.
+        unsafe { Self::unref(this) };
     }
 }
 
@@ -377,9 +454,15 @@ impl TokenSet {
     }
 
     fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..64)
-            .filter(|i| self.first & (1 << i) != 0)
-            .chain(self.rest.iter().copied())
+        let mut bits = self.first;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                i
+            })
+        })
+        .chain(self.rest.iter().copied())
     }
 }
 
@@ -610,4 +693,27 @@ pub(crate) fn with_current_op<R>(f: impl FnOnce(Option<&OpBlock>) -> R) -> R {
 /// Whether the calling thread is running an op's body.
 pub(crate) fn in_op() -> bool {
     CURRENT.with(|c| !c.get().is_null())
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn print_sizes() {
+        use super::*;
+        eprintln!("OpBlock {}", std::mem::size_of::<OpBlock>());
+        eprintln!("Edges {}", std::mem::size_of::<Edges>());
+        eprintln!("OpEdge {}", std::mem::size_of::<OpEdge>());
+        eprintln!("Trigger {}", std::mem::size_of::<Trigger<Runner>>());
+        eprintln!("name {}", std::mem::size_of::<Option<Cow<'static, str>>>());
+        eprintln!("Error {}", std::mem::size_of::<Error>());
+        eprintln!(
+            "Result<(),Error> {}",
+            std::mem::size_of::<Result<(), Error>>()
+        );
+        eprintln!(
+            "OpFuture<SyncBody<closure>> {}",
+            std::mem::size_of::<OpFuture<SyncBody<fn(&OpCtx) -> Result<(), Error>>>>()
+        );
+        eprintln!("Edge {}", std::mem::size_of::<Edge<OpBlock>>());
+    }
 }

@@ -43,6 +43,7 @@ impl<R> Trigger<R> {
 
     /// Releases one dependency (or the guard). Returns the parked value to
     /// the caller that released the last one.
+    #[inline]
     pub fn release(&self) -> Option<R> {
         if self.pending.fetch_sub(1, AcqRel) != 1 {
             return None;

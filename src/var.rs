@@ -7,13 +7,16 @@
 //! ops reach through their [`OpCtx`](crate::OpCtx): `&T` for an op that
 //! declared the variable as read, `&mut T` for one that declared it mutated.
 //!
-//! The engine-side state of a variable, [`VarCore`], holds its dependency
-//! chain, its version and its state (live, poisoned or deleted). The state
-//! and the value are plain cells: the chain's grants are what make access to
-//! them exclusive (a granted write) or shared (granted reads), so they need no
-//! lock of their own.
+//! A variable is one allocation: its engine-side state ([`VarCore`]: the
+//! dependency chain, the version, and whether it is live, poisoned or
+//! deleted) followed by its value. Ops hold a type-erased strong reference to
+//! it ([`VarHold`]) for as long as they may touch it. The state and the value
+//! are plain cells: the chain's grants are what make access to them exclusive
+//! (a granted write) or shared (granted reads), so they need no lock.
 
 use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -22,7 +25,11 @@ use crate::error::OpFailure;
 use crate::op::OpBlock;
 use crate::sync::UnsafeCell;
 
-/// A variable's identity, unique within its engine; used in errors.
+/// Variable ids are unique across all engines of the process, so that a
+/// [`VarKey`] can never be mistaken for another variable.
+static NEXT_VAR_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A variable's identity, unique in the process; used in errors.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VarId(pub(crate) u64);
 
@@ -47,16 +54,23 @@ pub(crate) enum VarState {
 }
 
 /// The engine-side state of one variable. Not nameable outside the crate.
+///
+/// Laid out by who touches what: what a push reads (identity, `deleted`)
+/// first, then the chain (its append line, then its grant line), then what the
+/// op holding a write grant updates (`version`, `state`).
 #[doc(hidden)]
+#[repr(C)]
 pub struct VarCore {
+    engine: u64,
+    id: VarId,
+    /// Drops one strong reference to the `Arc<VarInner<T>>` this core heads.
+    release: unsafe fn(NonNull<VarCore>),
+    /// A delete has been pushed: later pushes are refused.
+    deleted: AtomicBool,
     pub(crate) chain: Chain<OpBlock>,
     version: AtomicU64,
     /// Read by ops holding a grant, written by ops holding a write grant.
     state: UnsafeCell<VarState>,
-    /// A delete has been pushed: later pushes are refused.
-    deleted: AtomicBool,
-    engine: u64,
-    id: VarId,
 }
 
 // SAFETY: `state` is accessed only by ops holding a grant on this variable:
@@ -68,21 +82,11 @@ unsafe impl Sync for VarCore {}
 unsafe impl Send for VarCore {}
 
 impl VarCore {
-    pub(crate) fn new(engine: u64, id: u64) -> Self {
-        Self {
-            chain: Chain::default(),
-            version: AtomicU64::new(0),
-            state: UnsafeCell::new(VarState::Live),
-            deleted: AtomicBool::new(false),
-            engine,
-            id: VarId(id),
-        }
-    }
-
     pub(crate) fn id(&self) -> VarId {
         self.id
     }
 
+    #[inline]
     pub(crate) fn engine(&self) -> u64 {
         self.engine
     }
@@ -91,11 +95,15 @@ impl VarCore {
         self.version.load(Ordering::Acquire)
     }
 
-    /// Counts one completed mutation; called by the op holding the write grant.
+    /// Counts one completed mutation; called by the op holding the write
+    /// grant, the only writer (so no read-modify-write is needed).
+    #[inline]
     pub(crate) fn bump_version(&self) {
-        self.version.fetch_add(1, Ordering::Release);
+        let v = self.version.load(Ordering::Relaxed);
+        self.version.store(v + 1, Ordering::Release);
     }
 
+    #[inline]
     pub(crate) fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
     }
@@ -105,14 +113,24 @@ impl VarCore {
         !self.deleted.swap(true, Ordering::AcqRel)
     }
 
-    /// The variable's state.
+    /// Whether the variable is live (not poisoned, not deleted).
     ///
     /// # Safety
     ///
     /// The calling op holds a granted edge (read or write) on this variable.
+    #[inline]
+    pub(crate) unsafe fn is_live(&self) -> bool {
+        // SAFETY: a grant excludes writers, the only ones that modify it.
+        self.state.with(|s| unsafe { matches!(*s, VarState::Live) })
+    }
+
+    /// The variable's state.
+    ///
+    /// # Safety
+    ///
+    /// As for [`is_live`](Self::is_live).
     pub(crate) unsafe fn state(&self) -> VarState {
-        // SAFETY: a grant excludes writers, and writers are the only ones that
-        // modify the state.
+        // SAFETY: a grant excludes writers, the only ones that modify it.
         self.state.with(|s| unsafe { (*s).clone() })
     }
 
@@ -148,40 +166,85 @@ impl fmt::Debug for VarCore {
     }
 }
 
-/// The value a typed variable owns.
-pub(crate) struct Value<T>(std::cell::UnsafeCell<Option<T>>);
+/// A variable's allocation: the core first (so that a pointer to the
+/// allocation is a pointer to the core), then the value.
+#[repr(C)]
+struct VarInner<T> {
+    core: VarCore,
+    value: std::cell::UnsafeCell<Option<T>>,
+}
 
 // SAFETY: the value is shared across threads only under the chain's grants:
 // shared references for concurrent readers (needs `T: Sync`), a unique one for
 // the single writer, which may run on any thread (needs `T: Send`).
-unsafe impl<T: Send + Sync> Sync for Value<T> {}
+unsafe impl<T: Send + Sync> Sync for VarInner<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Send for VarInner<T> {}
 
-impl<T> Value<T> {
-    /// # Safety
-    ///
-    /// The calling op holds a granted edge on the variable and no mutable
-    /// reference to the value is alive.
-    pub(crate) unsafe fn get(&self) -> Option<&T> {
-        // SAFETY: forwarded to the caller.
-        unsafe { (*self.0.get()).as_ref() }
+/// Drops one strong reference to an `Arc<VarInner<T>>` given its core.
+///
+/// # Safety
+///
+/// `core` came from `Arc::into_raw` of an `Arc<VarInner<T>>`, whose reference
+/// the caller gives up.
+unsafe fn release<T>(core: NonNull<VarCore>) {
+    // SAFETY: `VarInner` is `repr(C)` with the core first, so the pointers
+    // coincide; the reference is the caller's to drop.
+    drop(unsafe { Arc::from_raw(core.as_ptr().cast::<VarInner<T>>()) });
+}
+
+/// A strong, type-erased reference to a variable: what an op's edge holds.
+#[doc(hidden)]
+pub struct VarHold(NonNull<VarCore>);
+
+// SAFETY: a `VarHold` is an `Arc<VarInner<T>>` with `T: Send + Sync` (see
+// `AnyVar::hold`), which is `Send + Sync`.
+unsafe impl Send for VarHold {}
+// SAFETY: as above.
+unsafe impl Sync for VarHold {}
+
+impl VarHold {
+    #[inline]
+    pub(crate) fn core(&self) -> &VarCore {
+        // SAFETY: we own a strong reference, so the allocation is alive.
+        unsafe { self.0.as_ref() }
     }
 
-    /// # Safety
-    ///
-    /// The calling op holds the granted write edge on the variable and no
-    /// other reference to the value is alive.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn get_mut(&self) -> Option<&mut T> {
-        // SAFETY: forwarded to the caller.
-        unsafe { (*self.0.get()).as_mut() }
+    #[inline]
+    pub(crate) fn ptr(&self) -> *const VarCore {
+        self.0.as_ptr()
     }
 
+    /// The value of the variable, given its type.
+    ///
     /// # Safety
     ///
-    /// As for [`get_mut`](Self::get_mut).
-    pub(crate) unsafe fn take(&self) -> Option<T> {
-        // SAFETY: forwarded to the caller.
-        unsafe { (*self.0.get()).take() }
+    /// `T` is the variable's value type.
+    #[inline]
+    pub(crate) unsafe fn value<T>(&self) -> &std::cell::UnsafeCell<Option<T>> {
+        // SAFETY: the caller guarantees the type; the allocation is alive.
+        unsafe { &(*self.0.as_ptr().cast::<VarInner<T>>()).value }
+    }
+}
+
+impl fmt::Debug for VarHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VarHold({})", self.id)
+    }
+}
+
+impl std::ops::Deref for VarHold {
+    type Target = VarCore;
+    fn deref(&self) -> &VarCore {
+        self.core()
+    }
+}
+
+impl Drop for VarHold {
+    fn drop(&mut self) {
+        // SAFETY: the core's `release` matches the allocation's value type,
+        // and this hold owns one strong reference.
+        unsafe { (self.core().release)(self.0) }
     }
 }
 
@@ -200,46 +263,89 @@ impl<T> Value<T> {
 /// assert_ne!(rng_state.id(), weights.id());
 /// ```
 pub struct Var<T = ()> {
-    core: Arc<VarCore>,
-    value: Arc<Value<T>>,
+    inner: Arc<VarInner<T>>,
+}
+
+impl<T: Send + Sync + 'static> Var<T> {
+    pub(crate) fn new(engine: u64, value: T) -> Self {
+        let core = VarCore {
+            chain: Chain::default(),
+            version: AtomicU64::new(0),
+            state: UnsafeCell::new(VarState::Live),
+            deleted: AtomicBool::new(false),
+            engine,
+            id: VarId(NEXT_VAR_ID.fetch_add(1, Ordering::Relaxed)),
+            release: release::<T>,
+        };
+        Self {
+            inner: Arc::new(VarInner {
+                core,
+                value: std::cell::UnsafeCell::new(Some(value)),
+            }),
+        }
+    }
 }
 
 impl<T> Var<T> {
-    pub(crate) fn new(core: VarCore, value: T) -> Self {
-        Self {
-            core: Arc::new(core),
-            value: Arc::new(Value(std::cell::UnsafeCell::new(Some(value)))),
-        }
-    }
-
     /// The variable's identity.
     pub fn id(&self) -> VarId {
-        self.core.id
+        self.inner.core.id
     }
 
     /// How many mutations of this variable have completed (successful, failed
     /// or skipped alike): it grows by one with each.
     pub fn version(&self) -> u64 {
-        self.core.version()
+        self.inner.core.version()
     }
 
-    pub(crate) fn value(&self) -> &Value<T> {
-        &self.value
+    /// A `Copy` key to this variable, for op closures: it lets a closure reach
+    /// the variable's value through its [`OpCtx`](crate::OpCtx) without
+    /// owning a handle (no reference counting on the hot path).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let counter = engine.var(0u64);
+    /// let key = counter.key();
+    /// for _ in 0..3 {
+    ///     engine.push(&[], &[&counter], move |ctx| -> Result<(), depflow::Error> {
+    ///         *ctx.write(key)? += 1;
+    ///         Ok(())
+    ///     })?;
+    /// }
+    /// engine.wait_for_var(&counter).wait()?;
+    /// assert_eq!(counter.version(), 3);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    #[inline]
+    pub fn key(&self) -> VarKey<T> {
+        VarKey {
+            core: Arc::as_ptr(&self.inner).cast::<VarCore>() as usize,
+            id: self.inner.core.id,
+            _value: PhantomData,
+        }
+    }
+
+    pub(crate) fn core(&self) -> &VarCore {
+        &self.inner.core
+    }
+
+    /// The variable's value cell.
+    pub(crate) fn value(&self) -> &std::cell::UnsafeCell<Option<T>> {
+        &self.inner.value
     }
 }
 
 impl<T> Clone for Var<T> {
     fn clone(&self) -> Self {
         Self {
-            core: self.core.clone(),
-            value: self.value.clone(),
+            inner: self.inner.clone(),
         }
     }
 }
 
 impl<T> PartialEq for Var<T> {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.core, &other.core)
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
@@ -247,16 +353,64 @@ impl<T> Eq for Var<T> {}
 
 impl<T> std::hash::Hash for Var<T> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (Arc::as_ptr(&self.core) as usize).hash(state)
+        self.id().hash(state)
     }
 }
 
 impl<T> fmt::Debug for Var<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Var")
-            .field("id", &self.core.id)
-            .field("version", &self.core.version())
+            .field("id", &self.id())
+            .field("version", &self.version())
             .finish()
+    }
+}
+
+/// A `Copy` key to a variable, from [`Var::key`]: what an op closure can
+/// capture instead of a [`Var`] to reach the value through its
+/// [`OpCtx`](crate::OpCtx).
+///
+/// A key owns nothing: it only names the variable. An op can use it only for
+/// a variable it declared (and therefore holds), so a key outliving its
+/// variable is harmless: using it gives [`Error::NotDeclared`](crate::Error::NotDeclared).
+pub struct VarKey<T> {
+    /// The address of the variable's core, compared, never dereferenced.
+    core: usize,
+    id: VarId,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<T> VarKey<T> {
+    /// The variable's identity.
+    pub fn id(&self) -> VarId {
+        self.id
+    }
+
+    /// Whether `hold` is the variable this key names.
+    #[inline]
+    pub(crate) fn names(&self, hold: &VarHold) -> bool {
+        // The id check rules out a new variable at a dead one's address.
+        hold.ptr() as usize == self.core && hold.id == self.id
+    }
+}
+
+impl<T> Clone for VarKey<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for VarKey<T> {}
+
+impl<T> fmt::Debug for VarKey<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VarKey({})", self.id)
+    }
+}
+
+impl<T> From<&Var<T>> for VarKey<T> {
+    fn from(var: &Var<T>) -> Self {
+        var.key()
     }
 }
 
@@ -270,14 +424,28 @@ mod sealed {
 /// of different types. Implemented by [`Var<T>`] only.
 pub trait AnyVar: sealed::Sealed + Send + Sync {
     #[doc(hidden)]
-    fn core(&self) -> &Arc<VarCore>;
+    fn core(&self) -> &VarCore;
+
+    /// A strong reference to the variable, for an op's edge.
+    #[doc(hidden)]
+    fn hold(&self) -> VarHold;
 }
 
 impl<T> sealed::Sealed for Var<T> {}
 
 impl<T: Send + Sync> AnyVar for Var<T> {
-    fn core(&self) -> &Arc<VarCore> {
-        &self.core
+    #[inline]
+    fn core(&self) -> &VarCore {
+        &self.inner.core
+    }
+
+    #[inline]
+    fn hold(&self) -> VarHold {
+        let ptr = Arc::into_raw(self.inner.clone())
+            .cast::<VarCore>()
+            .cast_mut();
+        // SAFETY: `Arc::into_raw` never returns null.
+        VarHold(unsafe { NonNull::new_unchecked(ptr) })
     }
 }
 

@@ -362,7 +362,7 @@ fn every_op_closure_is_dropped_exactly_once() {
         push(&engine, &[&v], false); // refused: deleted
         // Async ops: skipped ones drop their closure without calling it.
         let w = engine.var(0i64);
-        let _ = failing(&engine, &w, "fail");
+        drop(failing(&engine, &w, "fail"));
         let token = drops.token();
         expect += 1;
         let _ = engine.push_async(&[&w], &[], move |_| async move {
@@ -390,7 +390,7 @@ fn every_op_closure_is_dropped_exactly_once() {
 #[test]
 fn an_executor_that_drops_ops_fails_them_instead_of_hanging() {
     let engine = Engine::builder()
-        .executor(Executor::custom(|job| drop(job)))
+        .executor(Executor::custom(drop))
         .build()
         .unwrap();
     let v = engine.var(0i64);

@@ -15,17 +15,19 @@ fn add(engine: &Engine, reads: &[&Var<i64>], target: &Var<i64>, k: i64) {
         reads.iter().map(|v| *v as &dyn depflow::AnyVar).collect();
     let reads: Vec<Var<i64>> = reads.iter().map(|v| (*v).clone()).collect();
     let target2 = target.clone();
-    let _ = engine
-        .push(&decl, &[target], move |ctx| -> Result<(), Error> {
-            let mut sum = k;
-            for r in &reads {
-                sum = sum.wrapping_add(*ctx.read(r)?);
-            }
-            let t = &mut *ctx.write(&target2)?;
-            *t = t.wrapping_add(sum);
-            Ok(())
-        })
-        .unwrap();
+    drop(
+        engine
+            .push(&decl, &[target], move |ctx| -> Result<(), Error> {
+                let mut sum = k;
+                for r in &reads {
+                    sum = sum.wrapping_add(*ctx.read(r)?);
+                }
+                let t = &mut *ctx.write(&target2)?;
+                *t = t.wrapping_add(sum);
+                Ok(())
+            })
+            .unwrap(),
+    );
 }
 
 fn value(engine: &Engine, v: &Var<i64>) -> i64 {
@@ -364,15 +366,17 @@ fn priorities_order_ready_ops() {
     for (i, &p) in priorities.iter().enumerate() {
         let v = engine.new_var();
         let order = order.clone();
-        let _ = engine
-            .op()
-            .priority(p)
-            .mutates(&[&v])
-            .run(move |_| -> Result<(), Error> {
-                order.lock().unwrap().push((p, i));
-                Ok(())
-            })
-            .unwrap();
+        drop(
+            engine
+                .op()
+                .priority(p)
+                .mutates(&[&v])
+                .run(move |_| -> Result<(), Error> {
+                    order.lock().unwrap().push((p, i));
+                    Ok(())
+                })
+                .unwrap(),
+        );
     }
     release_tx.send(()).unwrap();
     engine.wait_all().wait().unwrap();
@@ -399,15 +403,17 @@ fn priority_never_overrides_dependencies() {
     let log = engine.var(Vec::new());
     for i in 0..50 {
         let log2 = log.clone();
-        let _ = engine
-            .op()
-            .priority(i)
-            .mutates(&[&log])
-            .run(move |ctx| -> Result<(), Error> {
-                ctx.write(&log2)?.push(i);
-                Ok(())
-            })
-            .unwrap();
+        drop(
+            engine
+                .op()
+                .priority(i)
+                .mutates(&[&log])
+                .run(move |ctx| -> Result<(), Error> {
+                    ctx.write(&log2)?.push(i);
+                    Ok(())
+                })
+                .unwrap(),
+        );
     }
     engine.wait_all().wait().unwrap();
     let log2 = log.clone();

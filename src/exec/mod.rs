@@ -38,6 +38,31 @@ pub(crate) trait Queue: Send + Sync + fmt::Debug {
     fn shutdown(&self);
 }
 
+/// A device's executor: the pool is dispatched statically (it is the hot
+/// path), the others through [`Queue`].
+#[derive(Debug)]
+pub(crate) enum Exec {
+    Pool(Pool),
+    Other(Box<dyn Queue>),
+}
+
+impl Exec {
+    #[inline]
+    pub(crate) fn schedule(&self, runner: Runner, yielded: bool) {
+        match self {
+            Exec::Pool(pool) => pool.schedule(runner, yielded),
+            Exec::Other(queue) => queue.schedule(runner, yielded),
+        }
+    }
+
+    pub(crate) fn shutdown(&self) {
+        match self {
+            Exec::Pool(pool) => pool.shutdown(),
+            Exec::Other(queue) => queue.shutdown(),
+        }
+    }
+}
+
 /// How a device runs its ops; passed to [`EngineBuilder`](crate::EngineBuilder).
 ///
 /// ```
@@ -101,11 +126,11 @@ impl Executor {
         Executor(Kind::Custom(Arc::new(schedule)))
     }
 
-    pub(crate) fn build(&self, name: &str) -> std::io::Result<Box<dyn Queue>> {
+    pub(crate) fn build(&self, name: &str) -> std::io::Result<Exec> {
         Ok(match &self.0 {
-            Kind::Pool(threads) => Box::new(Pool::new(name, *threads)?),
-            Kind::Inline => Box::new(inline::Inline),
-            Kind::Custom(f) => Box::new(custom::Custom(f.clone())),
+            Kind::Pool(threads) => Exec::Pool(Pool::new(name, *threads)?),
+            Kind::Inline => Exec::Other(Box::new(inline::Inline)),
+            Kind::Custom(f) => Exec::Other(Box::new(custom::Custom(f.clone()))),
         })
     }
 }

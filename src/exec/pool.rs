@@ -153,6 +153,7 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Queue for Pool {
+    #[inline]
     fn schedule(&self, runner: Runner, yielded: bool) {
         let inner = &*self.inner;
         let priority = runner.metadata().priority();
@@ -241,6 +242,8 @@ impl Inner {
                 }
             }
             self.searching.fetch_sub(1, SeqCst);
+            // Before idling, free what ops run here pushed and have finished.
+            crate::reclaim::collect();
             if self.stop.load(SeqCst) && !self.has_work() {
                 return;
             }
