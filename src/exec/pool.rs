@@ -230,6 +230,17 @@ impl Inner {
                 continue;
             }
             if !searching {
+                // At most half the workers search at once (as in tokio): the
+                // others park at once instead of taking CPU from the threads
+                // that push and run ops.
+                if 2 * self.searching.load(SeqCst) >= self.sleepers.len().max(2) {
+                    crate::reclaim::collect();
+                    if self.stop.load(SeqCst) && !self.has_work() {
+                        return;
+                    }
+                    searching = self.park(local.index);
+                    continue;
+                }
                 searching = true;
                 self.searching.fetch_add(1, SeqCst);
             }
