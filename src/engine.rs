@@ -595,7 +595,7 @@ impl Engine {
         }
         let n = mutates.len() + reads.len();
         if n <= SMALL_DECL {
-            // Dedup on the stack: no allocation unless more than three remain.
+            // Dedup on the stack: no allocation unless more than two remain.
             let mut kept: [Option<(&dyn AnyVar, bool)>; SMALL_DECL] = [None; SMALL_DECL];
             let mut k = 0;
             for (i, var) in all().enumerate() {
@@ -615,7 +615,6 @@ impl Engine {
             return Ok(match k {
                 1 => Edges::One([edge(0)]),
                 2 => Edges::Two([edge(0), edge(1)]),
-                3 => Edges::Three([edge(0), edge(1), edge(2)]),
                 _ => Edges::Many((0..k).map(edge).collect()),
             });
         }

@@ -108,6 +108,11 @@ pub use exec::{Device, Executor, Job};
 pub use handle::{OpHandle, Wait};
 pub use var::{AnyVar, Var, VarId, VarKey};
 
+/// The code in README.md, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 /// Internals exposed to the loom models in `loom-tests/` (built with
 /// `--cfg loom`). Not part of the API.
 #[cfg(loom)]

@@ -48,9 +48,10 @@ use crate::var::{VarHold, VarState};
 /// A runnable op, as executors see it.
 pub(crate) type Runner = Runnable<OpBlock>;
 
-/// Edges stored inside the op's allocation (two inputs and an output, the
-/// common shape); more spill to one heap allocation.
-pub(crate) const INLINE_EDGES: usize = 3;
+/// Edges stored inside the op's allocation; more spill to one heap
+/// allocation. Two keeps an op on one or two variables within a 256-byte
+/// allocation (glibc chunk) with a small closure.
+pub(crate) const INLINE_EDGES: usize = 2;
 
 /// One op's access to one variable: the chain edge and the variable it is in.
 pub(crate) struct OpEdge {
@@ -70,21 +71,17 @@ impl OpEdge {
 /// The op's edges, writes first, each variable once.
 pub(crate) enum Edges {
     One([OpEdge; 1]),
-    Two([OpEdge; 2]),
-    Three([OpEdge; INLINE_EDGES]),
+    Two([OpEdge; INLINE_EDGES]),
     Many(Box<[OpEdge]>),
 }
 
 impl Edges {
     pub(crate) fn from_vec(edges: Vec<OpEdge>) -> Self {
         match <[OpEdge; INLINE_EDGES]>::try_from(edges) {
-            Ok(three) => Edges::Three(three),
-            Err(edges) => match <[OpEdge; 2]>::try_from(edges) {
-                Ok(two) => Edges::Two(two),
-                Err(edges) => match <[OpEdge; 1]>::try_from(edges) {
-                    Ok(one) => Edges::One(one),
-                    Err(edges) => Edges::Many(edges.into_boxed_slice()),
-                },
+            Ok(two) => Edges::Two(two),
+            Err(edges) => match <[OpEdge; 1]>::try_from(edges) {
+                Ok(one) => Edges::One(one),
+                Err(edges) => Edges::Many(edges.into_boxed_slice()),
             },
         }
     }
@@ -94,7 +91,6 @@ impl Edges {
         match self {
             Edges::One(e) => e,
             Edges::Two(e) => e,
-            Edges::Three(e) => e,
             Edges::Many(e) => e,
         }
     }
@@ -127,7 +123,9 @@ pub(crate) struct OpBlock {
     device: u16,
     priority: i32,
     shared: *const Shared,
-    name: Option<Cow<'static, str>>,
+    /// The op's name; an owned name is leaked into it and freed on drop.
+    name: Option<&'static str>,
+    name_owned: bool,
     edges: Edges,
 }
 
@@ -152,6 +150,7 @@ impl OpBlock {
         Self {
             trigger: Trigger::new(n),
             anchor: Anchor::new(n + 1),
+            name_owned: matches!(name, Some(Cow::Owned(_))),
             next_adopted: UnsafeCell::new(std::ptr::null()),
             holders: AtomicU8::new(0),
             generation,
@@ -159,14 +158,29 @@ impl OpBlock {
             device,
             priority,
             shared,
-            name,
+            name: name.map(|n| match n {
+                Cow::Borrowed(s) => s,
+                Cow::Owned(s) => Box::leak(s.into_boxed_str()),
+            }),
             edges,
         }
     }
 
+    /// The name, for an `OpFailure` (which may outlive the op).
+    fn failure_name(&self) -> Option<Cow<'static, str>> {
+        self.name.map(|s| {
+            if self.name_owned {
+                Cow::Owned(s.to_owned())
+            } else {
+                Cow::Borrowed(s)
+            }
+        })
+    }
+
     #[inline]
     pub(crate) fn name(&self) -> Option<&str> {
-        self.name.as_deref()
+        // Borrowed from `self`: an owned name lives only as long as the op.
+        self.name
     }
 
     #[inline]
@@ -401,6 +415,18 @@ impl OpBlock {
     }
 }
 
+impl Drop for OpBlock {
+    fn drop(&mut self) {
+        if self.name_owned
+            && let Some(name) = self.name.take()
+        {
+            // SAFETY: an owned name was leaked from a `Box<str>` in `new`, and
+            // `name()` only ever lent it out for the lifetime of `self`.
+            drop(unsafe { Box::from_raw(std::ptr::from_ref(name).cast_mut()) });
+        }
+    }
+}
+
 impl Owner for OpBlock {
     #[inline]
     fn grant(&self) {
@@ -429,7 +455,7 @@ impl std::fmt::Debug for OpBlock {
             })
             .collect();
         f.debug_struct("Op")
-            .field("name", &self.name)
+            .field("name", &self.name())
             .field("priority", &self.priority)
             .field("vars", &vars)
             .field("trigger", &self.trigger)
@@ -603,7 +629,7 @@ impl<B: Body> Future for OpFuture<B> {
                 }
                 Skip::Deleted(var) => {
                     let cause = Arc::new(OpFailure::new(
-                        op.name.clone(),
+                        op.failure_name(),
                         FailureKind::InputDeleted(var),
                     ));
                     op.finish(Some(cause), true);
@@ -632,7 +658,7 @@ impl<B: Body> Future for OpFuture<B> {
                 Ok(value)
             }
             Err(kind) => {
-                let failure = Arc::new(OpFailure::new(op.name.clone(), kind));
+                let failure = Arc::new(OpFailure::new(op.failure_name(), kind));
                 op.finish(Some(failure.clone()), true);
                 Err(Error::Failed(failure))
             }
@@ -647,7 +673,7 @@ impl<B> Drop for OpFuture<B> {
             // finished: release its grants so nothing waits on it forever.
             // SAFETY: as in `poll`.
             let op = unsafe { &*self.op };
-            let failure = Arc::new(OpFailure::new(op.name.clone(), FailureKind::Dropped));
+            let failure = Arc::new(OpFailure::new(op.failure_name(), FailureKind::Dropped));
             op.finish(Some(failure), true);
         }
     }

@@ -210,11 +210,6 @@ impl VarHold {
         unsafe { self.0.as_ref() }
     }
 
-    #[inline]
-    pub(crate) fn ptr(&self) -> *const VarCore {
-        self.0.as_ptr()
-    }
-
     /// The value of the variable, given its type.
     ///
     /// # Safety
@@ -319,7 +314,6 @@ impl<T> Var<T> {
     #[inline]
     pub fn key(&self) -> VarKey<T> {
         VarKey {
-            core: Arc::as_ptr(&self.inner).cast::<VarCore>() as usize,
             id: self.inner.core.id,
             _value: PhantomData,
         }
@@ -370,12 +364,11 @@ impl<T> fmt::Debug for Var<T> {
 /// capture instead of a [`Var`] to reach the value through its
 /// [`OpCtx`](crate::OpCtx).
 ///
-/// A key owns nothing: it only names the variable. An op can use it only for
-/// a variable it declared (and therefore holds), so a key outliving its
-/// variable is harmless: using it gives [`Error::NotDeclared`](crate::Error::NotDeclared).
+/// A key owns nothing: it only names the variable, by its id (unique in the
+/// process). An op can use it only for a variable it declared (and therefore
+/// holds), so a key outliving its variable is harmless: using it gives
+/// [`Error::NotDeclared`](crate::Error::NotDeclared).
 pub struct VarKey<T> {
-    /// The address of the variable's core, compared, never dereferenced.
-    core: usize,
     id: VarId,
     _value: PhantomData<fn() -> T>,
 }
@@ -389,8 +382,9 @@ impl<T> VarKey<T> {
     /// Whether `hold` is the variable this key names.
     #[inline]
     pub(crate) fn names(&self, hold: &VarHold) -> bool {
-        // The id check rules out a new variable at a dead one's address.
-        hold.ptr() as usize == self.core && hold.id == self.id
+        // Ids are never reused, and a key is made only from a `Var<T>`: a
+        // match means the same variable, hence the same `T`.
+        hold.id == self.id
     }
 }
 
