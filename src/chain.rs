@@ -146,41 +146,60 @@ impl<O> std::fmt::Debug for Edge<O> {
 ///
 /// Laid out on two cache lines: pushers swap `tail`; token holders and
 /// completing ops work on `rw` and `parked`. Keeping them apart means a pusher
-/// running ahead of the workers does not steal their line on every push.
+/// running ahead of the workers does not steal their line on every push. The
+/// grant line also carries a payload `P`: what the ops holding grants read
+/// and write besides (a variable's version and state), so that they touch one
+/// line per variable, not two.
 #[repr(C, align(64))]
-pub struct Chain<O> {
+pub struct Chain<O, P = ()> {
     tail: AtomicPtr<Edge<O>>,
-    granted: Granted<O>,
+    granted: Granted<O, P>,
 }
 
 /// The grant side of a chain, on its own cache line.
 #[repr(C, align(64))]
-struct Granted<O> {
+struct Granted<O, P> {
     rw: AtomicUsize,
     /// The write the token is parked on while `rw` carries `WAITING`.
     parked: UnsafeCell<*const Edge<O>>,
+    payload: P,
 }
 
 // SAFETY: all shared state is atomic except `parked`, which only the token
 // holder writes and only the reader that takes the parked token reads, with
-// the `rw` read-modify-writes ordering the two (see `advance`).
-unsafe impl<O: Sync> Send for Chain<O> {}
+// the `rw` read-modify-writes ordering the two (see `advance`); the payload
+// is shared only if it is `Send + Sync`.
+unsafe impl<O: Sync, P: Send + Sync> Send for Chain<O, P> {}
 // SAFETY: as above.
-unsafe impl<O: Sync> Sync for Chain<O> {}
+unsafe impl<O: Sync, P: Send + Sync> Sync for Chain<O, P> {}
 
-impl<O> Default for Chain<O> {
+impl<O, P: Default> Default for Chain<O, P> {
     fn default() -> Self {
+        Self::new(P::default())
+    }
+}
+
+impl<O, P> Chain<O, P> {
+    /// An idle chain carrying `payload` on its grant line.
+    pub fn new(payload: P) -> Self {
         Self {
             tail: AtomicPtr::new(ptr::null_mut()),
             granted: Granted {
                 rw: AtomicUsize::new(0),
                 parked: UnsafeCell::new(ptr::null()),
+                payload,
             },
         }
     }
+
+    /// The payload on the grant line.
+    #[inline]
+    pub fn payload(&self) -> &P {
+        &self.granted.payload
+    }
 }
 
-impl<O> std::fmt::Debug for Chain<O> {
+impl<O, P> std::fmt::Debug for Chain<O, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let rw = self.granted.rw.load(Relaxed);
         f.debug_struct("Chain")
@@ -191,7 +210,7 @@ impl<O> std::fmt::Debug for Chain<O> {
     }
 }
 
-impl<O: Owner> Chain<O> {
+impl<O: Owner, P> Chain<O, P> {
     /// Whether no edge is queued or in flight (a snapshot, for diagnostics).
     pub fn is_idle(&self) -> bool {
         self.tail.load(Acquire).is_null() && self.granted.rw.load(Acquire) == 0

@@ -56,8 +56,8 @@ pub(crate) enum VarState {
 /// The engine-side state of one variable. Not nameable outside the crate.
 ///
 /// Laid out by who touches what: what a push reads (identity, `deleted`)
-/// first, then the chain (its append line, then its grant line), then what the
-/// op holding a write grant updates (`version`, `state`).
+/// first, then the chain: its append line, then its grant line, which also
+/// carries what the ops holding grants read and write (`version`, `state`).
 #[doc(hidden)]
 #[repr(C)]
 pub struct VarCore {
@@ -67,19 +67,19 @@ pub struct VarCore {
     release: unsafe fn(NonNull<VarCore>),
     /// A delete has been pushed: later pushes are refused.
     deleted: AtomicBool,
-    pub(crate) chain: Chain<OpBlock>,
+    pub(crate) chain: Chain<OpBlock, Written>,
+}
+
+/// What ops holding a grant on a variable read and update.
+#[derive(Debug)]
+pub(crate) struct Written {
     version: AtomicU64,
     /// Read by ops holding a grant, written by ops holding a write grant.
     state: UnsafeCell<VarState>,
 }
 
-// SAFETY: `state` is accessed only by ops holding a grant on this variable:
-// shared reads under read grants, exclusive writes under the write grant
-// (see `state`/`set_state`); the chain orders grants with release/acquire
-// hand-offs. All other fields are atomic or immutable.
-unsafe impl Sync for VarCore {}
-// SAFETY: as above; `VarState` is `Send`.
-unsafe impl Send for VarCore {}
+// SAFETY: `state` is accessed only under the chain's grants (see `VarCore`).
+unsafe impl Sync for Written {}
 
 impl VarCore {
     pub(crate) fn id(&self) -> VarId {
@@ -92,15 +92,15 @@ impl VarCore {
     }
 
     pub(crate) fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+        self.chain.payload().version.load(Ordering::Acquire)
     }
 
     /// Counts one completed mutation; called by the op holding the write
     /// grant, the only writer (so no read-modify-write is needed).
     #[inline]
     pub(crate) fn bump_version(&self) {
-        let v = self.version.load(Ordering::Relaxed);
-        self.version.store(v + 1, Ordering::Release);
+        let v = self.chain.payload().version.load(Ordering::Relaxed);
+        self.chain.payload().version.store(v + 1, Ordering::Release);
     }
 
     #[inline]
@@ -121,7 +121,10 @@ impl VarCore {
     #[inline]
     pub(crate) unsafe fn is_live(&self) -> bool {
         // SAFETY: a grant excludes writers, the only ones that modify it.
-        self.state.with(|s| unsafe { matches!(*s, VarState::Live) })
+        self.chain
+            .payload()
+            .state
+            .with(|s| unsafe { matches!(*s, VarState::Live) })
     }
 
     /// The variable's state.
@@ -131,7 +134,7 @@ impl VarCore {
     /// As for [`is_live`](Self::is_live).
     pub(crate) unsafe fn state(&self) -> VarState {
         // SAFETY: a grant excludes writers, the only ones that modify it.
-        self.state.with(|s| unsafe { (*s).clone() })
+        self.chain.payload().state.with(|s| unsafe { (*s).clone() })
     }
 
     /// Replaces the variable's state.
@@ -141,7 +144,10 @@ impl VarCore {
     /// The calling op holds the granted write edge on this variable.
     pub(crate) unsafe fn set_state(&self, state: VarState) {
         // SAFETY: a granted write is exclusive.
-        self.state.with_mut(|s| unsafe { *s = state });
+        self.chain
+            .payload()
+            .state
+            .with_mut(|s| unsafe { *s = state });
     }
 }
 
@@ -264,13 +270,14 @@ pub struct Var<T = ()> {
 impl<T: Send + Sync + 'static> Var<T> {
     pub(crate) fn new(engine: u64, value: T) -> Self {
         let core = VarCore {
-            chain: Chain::default(),
-            version: AtomicU64::new(0),
-            state: UnsafeCell::new(VarState::Live),
-            deleted: AtomicBool::new(false),
             engine,
             id: VarId(NEXT_VAR_ID.fetch_add(1, Ordering::Relaxed)),
             release: release::<T>,
+            deleted: AtomicBool::new(false),
+            chain: Chain::new(Written {
+                version: AtomicU64::new(0),
+                state: UnsafeCell::new(VarState::Live),
+            }),
         };
         Self {
             inner: Arc::new(VarInner {
