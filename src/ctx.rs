@@ -214,7 +214,20 @@ impl std::fmt::Debug for OpCtx {
     }
 }
 
-/// A shared borrow of a variable's value, from [`OpCtx::read`].
+/// A shared borrow of a variable's value, from [`OpCtx::read`]; it derefs to
+/// `&T`.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let v = engine.var(vec![1, 2, 3]);
+/// let k = v.key();
+/// let sum = engine.push(&[&v], &[], move |ctx| -> Result<i32, depflow::Error> {
+///     let values = ctx.read(k)?; // a VarRef<Vec<i32>>
+///     Ok(values.iter().sum())
+/// })?;
+/// assert_eq!(sum.wait()?, 6);
+/// # Ok::<(), depflow::Error>(())
+/// ```
 pub struct VarRef<'a, T> {
     value: &'a T,
     count: Option<&'a AtomicI32>,
@@ -241,7 +254,20 @@ impl<T: std::fmt::Debug> std::fmt::Debug for VarRef<'_, T> {
     }
 }
 
-/// A mutable borrow of a variable's value, from [`OpCtx::write`].
+/// A mutable borrow of a variable's value, from [`OpCtx::write`]; it derefs
+/// to `&mut T`.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let v = engine.var(String::new());
+/// let k = v.key();
+/// engine.push(&[], &[&v], move |ctx| -> Result<(), depflow::Error> {
+///     let mut s = ctx.write(k)?; // a VarMut<String>
+///     s.push_str("written");
+///     Ok(())
+/// })?;
+/// # Ok::<(), depflow::Error>(())
+/// ```
 pub struct VarMut<'a, T> {
     value: &'a mut T,
     count: &'a AtomicI32,

@@ -47,6 +47,11 @@ static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 const SMALL_DECL: usize = 8;
 
 /// The name of the default device.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// assert_eq!(engine.device_name(engine.default_device()), Some(depflow::DEFAULT_DEVICE));
+/// ```
 pub const DEFAULT_DEVICE: &str = "cpu";
 
 /// State shared by an engine's handles and its ops.
@@ -197,6 +202,25 @@ impl std::fmt::Debug for Engine {
 
 /// Configures an [`Engine`]: its default device's executor and any further
 /// named devices.
+///
+/// ```
+/// use depflow::{Engine, Error, Executor};
+///
+/// let engine = Engine::builder()
+///     .threads(2) // the default device: a pool of two threads
+///     .device("gpu0", Executor::pool(1))
+///     .build()?;
+/// let gpu0 = engine.device("gpu0").unwrap();
+/// let v = engine.new_var();
+/// let ran_on = engine
+///     .op()
+///     .on(gpu0)
+///     .mutates(&[&v])
+///     .run(|_| Ok::<_, Error>(std::thread::current().name().map(String::from)))?
+///     .wait()?;
+/// assert_eq!(ran_on.as_deref(), Some("depflow-gpu0-0"));
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug)]
 pub struct EngineBuilder {
     default: Executor,
@@ -295,28 +319,64 @@ impl Engine {
     }
 
     /// A new plain variable: a tag for a resource the engine does not own.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let rng = engine.new_var(); // stands for an RNG kept elsewhere
+    /// assert_eq!(rng.version(), 0);
+    /// ```
     pub fn new_var(&self) -> Var {
         self.var(())
     }
 
     /// A new variable owning `value`, which ops reach through their
     /// [`OpCtx`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let weights = engine.var(vec![0.0f32; 1024]);
+    /// let w = weights.key();
+    /// engine.push(&[], &[&weights], move |ctx| -> Result<(), depflow::Error> {
+    ///     ctx.write(w)?.fill(0.5);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     pub fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
         Var::new(self.shared().id, value)
     }
 
-    /// The default device.
+    /// The default device (named [`DEFAULT_DEVICE`]).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// assert_eq!(engine.default_device().index(), 0);
+    /// ```
     pub fn default_device(&self) -> Device {
         Device::new(self.shared().id, 0)
     }
 
     /// The device named `name`, if the engine has one.
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let engine = Engine::builder().device("io", Executor::pool(1)).build()?;
+    /// assert!(engine.device("io").is_some());
+    /// assert!(engine.device("gpu7").is_none());
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     pub fn device(&self, name: &str) -> Option<Device> {
         let index = self.shared().devices.iter().position(|d| d.name == name)?;
         Some(Device::new(self.shared().id, index as u16))
     }
 
     /// The name of `device`, if it belongs to this engine.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// assert_eq!(engine.device_name(engine.default_device()), Some("cpu"));
+    /// ```
     pub fn device_name(&self, device: Device) -> Option<&str> {
         if device.engine != self.shared().id {
             return None;
@@ -328,7 +388,14 @@ impl Engine {
     }
 
     /// Describes an op to push with more options: a name, a priority, a
-    /// device.
+    /// device. See [`OpBuilder`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.new_var();
+    /// engine.op().name("init").mutates(&[&v]).run(|_| Ok::<_, depflow::Error>(()))?.wait()?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     pub fn op(&self) -> OpBuilder<'_> {
         OpBuilder {
             engine: self,
@@ -359,6 +426,23 @@ impl Engine {
     /// [`Error::ForeignVar`] for a variable of another engine,
     /// [`Error::Deleted`] for a deleted variable, [`Error::ShutDown`] after
     /// shutdown.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let (x, y) = (engine.var(3.0f64), engine.var(0.0f64));
+    /// let (xk, yk) = (x.key(), y.key());
+    /// // y = x * x: reads x, mutates y.
+    /// let done = engine.push(&[&x], &[&y], move |ctx| -> Result<f64, Error> {
+    ///     let v = *ctx.read(xk)? * *ctx.read(xk)?;
+    ///     *ctx.write(yk)? = v;
+    ///     Ok(v)
+    /// })?;
+    /// assert_eq!(done.wait()?, 9.0);
+    /// assert!(matches!(engine.push(&[], &[], |_| Ok::<_, Error>(())), Err(Error::NoVars)));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn push<F, T, E>(
         &self,
         reads: &[&dyn AnyVar],
@@ -421,6 +505,21 @@ impl Engine {
     ///
     /// [`Error::Deleted`] if a delete was already pushed; otherwise as for
     /// [`push`](Self::push).
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let buffer = engine.var(vec![0u8; 4096]);
+    /// let b = buffer.key();
+    /// engine.push(&[&buffer], &[], move |ctx| Ok::<_, Error>(ctx.read(b)?.len()))?;
+    /// // Runs after the read above; the buffer goes back to a pool, say.
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// engine.delete_var(&buffer, move |bytes| tx.send(bytes).unwrap())?.wait()?;
+    /// assert_eq!(rx.recv().unwrap().len(), 4096);
+    /// assert!(matches!(engine.push(&[&buffer], &[], |_| Ok::<_, Error>(())), Err(Error::Deleted(_))));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn delete_var<T>(
         &self,
         var: &Var<T>,
@@ -463,6 +562,20 @@ impl Engine {
     /// # Errors
     ///
     /// As for [`push`](Self::push).
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let v = engine.var(0);
+    /// let failing = engine.push(&[], &[&v], |_| Err::<(), _>("bad batch"))?;
+    /// assert!(failing.wait().is_err());
+    /// assert!(matches!(engine.wait_for_var(&v).wait(), Err(Error::Poisoned(_))));
+    /// engine.clear_poison(&v)?;
+    /// engine.wait_for_var(&v).wait()?; // live again
+    /// # let _ = engine.wait_all().wait();
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn clear_poison<T>(&self, var: &Var<T>) -> Result<OpHandle<()>, Error>
     where
         T: Send + Sync + 'static,
@@ -490,6 +603,21 @@ impl Engine {
     /// ([`Error::Poisoned`], naming the original failure) or deleted.
     /// Inside an op that declared `var` it resolves at once to
     /// [`Error::WaitsForItself`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.var(0u64);
+    /// let k = v.key();
+    /// for _ in 0..10 {
+    ///     engine.push(&[], &[&v], move |ctx| -> Result<(), depflow::Error> {
+    ///         *ctx.write(k)? += 1;
+    ///         Ok(())
+    ///     })?;
+    /// }
+    /// engine.wait_for_var(&v).wait()?; // or `.await`
+    /// assert_eq!(v.version(), 10);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     pub fn wait_for_var<T>(&self, var: &Var<T>) -> Wait
     where
         T: Send + Sync + 'static,
@@ -525,6 +653,22 @@ impl Engine {
     /// `wait_all` (each failure is reported once). Ops pushed by other threads
     /// while it waits do not delay it. Inside an op it resolves at once to
     /// [`Error::WaitsForItself`].
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let vars: Vec<_> = (0..8).map(|_| engine.new_var()).collect();
+    /// for v in &vars {
+    ///     engine.push(&[], &[v], |_| Ok::<_, Error>(()))?;
+    /// }
+    /// engine.wait_all().wait()?;
+    /// assert!(vars.iter().all(|v| v.version() == 1));
+    ///
+    /// engine.push(&[], &[&vars[0]], |_| Err::<(), _>("out of memory"))?;
+    /// assert!(matches!(engine.wait_all().wait(), Err(Error::Failures { count: 1, .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn wait_all(&self) -> Wait {
         if in_op() {
             return Wait::ready(Err(Error::WaitsForItself));
@@ -536,6 +680,17 @@ impl Engine {
     /// returned wait resolves once every op pushed before has finished. The
     /// executors' threads stop when the last handle is dropped (dropping it
     /// also shuts down, blocking until the ops have finished).
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let v = engine.new_var();
+    /// engine.push(&[], &[&v], |_| Ok::<_, Error>(()))?;
+    /// engine.shutdown().wait()?; // the op above has run
+    /// assert!(matches!(engine.push(&[], &[&v], |_| Ok::<_, Error>(())), Err(Error::ShutDown)));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn shutdown(&self) -> Wait {
         if in_op() {
             self.shared().closed.store(true, Ordering::SeqCst);

@@ -6,7 +6,13 @@ use std::sync::Arc;
 
 use crate::var::VarId;
 
-/// A boxed error returned by an op's body.
+/// A boxed error returned by an op's body: any error type an op returns is
+/// converted into it.
+///
+/// ```
+/// let e: depflow::BoxError = "shape mismatch".into();
+/// assert_eq!(e.to_string(), "shape mismatch");
+/// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The original failure of an op: its name and what went wrong.
@@ -14,6 +20,27 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Shared (behind an [`Arc`]) by every error it causes: the failing op's own
 /// [`Error::Failed`], and the [`Error::Poisoned`] of every op skipped because
 /// of it.
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let v = engine.new_var();
+/// let err = engine
+///     .op()
+///     .name("decode")
+///     .mutates(&[&v])
+///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file")))?
+///     .wait()
+///     .unwrap_err();
+/// let failure = err.failure().unwrap();
+/// assert_eq!(failure.op_name(), Some("decode"));
+/// assert_eq!(failure.message(), "truncated file");
+/// assert!(!failure.is_panic());
+/// assert!(failure.op_error().unwrap().downcast_ref::<std::io::Error>().is_some());
+/// # let _ = engine.wait_all().wait();
+/// # Ok::<(), Error>(())
+/// ```
 pub struct OpFailure {
     op: Option<Cow<'static, str>>,
     kind: FailureKind,
@@ -85,6 +112,22 @@ impl fmt::Debug for OpFailure {
 /// Everything that can go wrong in depflow.
 ///
 /// Errors are cheap to clone: failures are shared behind an [`Arc`].
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let (a, b) = (engine.new_var(), engine.new_var());
+/// engine.op().name("load").mutates(&[&a]).run(|_| Err::<(), _>("disk full"))?;
+/// // Reads `a`, which "load" poisoned: does not run.
+/// let skipped = engine.push(&[&a], &[&b], |_| Ok::<_, Error>(()))?.wait();
+/// match skipped {
+///     Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+///     other => panic!("{other:?}"),
+/// }
+/// # let _ = engine.wait_all().wait();
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum Error {

@@ -122,6 +122,15 @@ impl<T> std::fmt::Debug for OpHandle<T> {
 ///
 /// Await it, or call [`wait`](Wait::wait) to block. What it waits for is fixed
 /// when it is created, not when it is first polled.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let v = engine.new_var();
+/// engine.push(&[], &[&v], |_| Ok::<_, depflow::Error>(()))?;
+/// let all = engine.wait_all(); // covers the push above, whenever awaited
+/// futures::executor::block_on(all)?; // or `all.wait()?`
+/// # Ok::<(), depflow::Error>(())
+/// ```
 #[must_use = "a Wait does nothing unless awaited or waited on"]
 pub struct Wait {
     inner: Inner,

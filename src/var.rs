@@ -30,6 +30,14 @@ use crate::sync::UnsafeCell;
 static NEXT_VAR_ID: AtomicU64 = AtomicU64::new(0);
 
 /// A variable's identity, unique in the process; used in errors.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let (a, b) = (engine.new_var(), engine.new_var());
+/// assert_ne!(a.id(), b.id());
+/// assert_eq!(a.id(), a.clone().id());
+/// println!("{}", a.id()); // "var#N"
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VarId(pub(crate) u64);
 
@@ -375,6 +383,21 @@ impl<T> fmt::Debug for Var<T> {
 /// process). An op can use it only for a variable it declared (and therefore
 /// holds), so a key outliving its variable is harmless: using it gives
 /// [`Error::NotDeclared`](crate::Error::NotDeclared).
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let (a, b) = (engine.var(1), engine.var(2));
+/// let (ka, kb) = (a.key(), b.key());
+/// let r = engine.push(&[&a], &[], move |ctx| -> Result<(), Error> {
+///     assert_eq!(*ctx.read(ka)?, 1);
+///     assert!(matches!(ctx.read(kb), Err(Error::NotDeclared(_)))); // b not declared
+///     Ok(())
+/// })?;
+/// r.wait()?;
+/// # Ok::<(), Error>(())
+/// ```
 pub struct VarKey<T> {
     id: VarId,
     _value: PhantomData<fn() -> T>,
@@ -423,6 +446,16 @@ mod sealed {
 ///
 /// `&[&a, &b]` coerces to `&[&dyn AnyVar]` even when `a` and `b` hold values
 /// of different types. Implemented by [`Var<T>`] only.
+///
+/// ```
+/// use depflow::{AnyVar, Engine, Error};
+///
+/// let engine = Engine::new();
+/// let (tensor, step, tag) = (engine.var(vec![0f32; 16]), engine.var(0u64), engine.new_var());
+/// let inputs: &[&dyn AnyVar] = &[&tensor, &step];
+/// engine.push(inputs, &[&tag], |_| Ok::<_, Error>(()))?;
+/// # Ok::<(), Error>(())
+/// ```
 pub trait AnyVar: sealed::Sealed + Send + Sync {
     #[doc(hidden)]
     fn core(&self) -> &VarCore;

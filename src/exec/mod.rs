@@ -146,6 +146,27 @@ impl fmt::Debug for Executor {
 }
 
 /// A ready op, handed to a [custom executor](Executor::custom).
+///
+/// ```
+/// use depflow::{Engine, Error, Executor, Job};
+/// use std::sync::mpsc;
+///
+/// // Ops go to a channel; a thread of ours runs them.
+/// let (tx, rx) = mpsc::channel::<Job>();
+/// std::thread::spawn(move || {
+///     for job in rx {
+///         println!("running {:?} (priority {})", job.name(), job.priority());
+///         job.run();
+///     }
+/// });
+/// let tx = std::sync::Mutex::new(tx);
+/// let engine = Engine::builder()
+///     .executor(Executor::custom(move |job| tx.lock().unwrap().send(job).unwrap()))
+///     .build()?;
+/// let v = engine.new_var();
+/// engine.op().name("step").mutates(&[&v]).run(|_| Ok::<_, Error>(()))?.wait()?;
+/// # Ok::<(), Error>(())
+/// ```
 pub struct Job(pub(crate) Runner);
 
 impl Job {
@@ -177,6 +198,18 @@ impl fmt::Debug for Job {
 /// Get one from [`Engine::device`](crate::Engine::device) or
 /// [`Engine::default_device`](crate::Engine::default_device), and pick it for an
 /// op with [`OpBuilder::on`](crate::OpBuilder::on).
+///
+/// ```
+/// use depflow::{Engine, Error, Executor};
+///
+/// let engine = Engine::builder().device("gpu1", Executor::pool(1)).build()?;
+/// let gpu1 = engine.device("gpu1").unwrap();
+/// assert_eq!(gpu1.index(), 1);
+/// let v = engine.new_var();
+/// let device = engine.op().on(gpu1).mutates(&[&v]).run(|ctx| Ok::<_, Error>(ctx.device()))?.wait()?;
+/// assert_eq!(device, gpu1);
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Device {
     pub(crate) engine: u64,
