@@ -31,6 +31,16 @@ fn wait_until_gone(prefix: &str) {
     }
 }
 
+/// Waits (at most 20 s) until an op has bumped `ran`.
+fn wait_ran(ran: &Arc<AtomicUsize>) {
+    let ran = ran.clone();
+    within(20, move || {
+        while ran.load(SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
 fn engine_with_device(device: &str, threads: usize) -> Engine {
     Engine::builder()
         .executor(Executor::inline())
@@ -90,11 +100,7 @@ fn dropping_the_last_handle_inside_an_op_does_not_hang() {
             Ok(())
         });
     drop(engine);
-    within(20, move || {
-        while ran.load(SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
+    wait_ran(&ran);
     wait_until_gone("depflow-lc2-");
 }
 
@@ -119,11 +125,7 @@ fn an_engine_returned_by_its_own_op_shuts_down_cleanly() {
             }),
     );
     drop(engine);
-    within(20, move || {
-        while ran.load(SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
+    wait_ran(&ran);
     wait_until_gone("depflow-lc3-");
 }
 
