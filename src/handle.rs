@@ -45,13 +45,9 @@ impl<T> OpHandle<T> {
         }
     }
 
-    fn task(&self) -> &FallibleTask<Result<T, Error>, OpBlock> {
-        self.task.as_ref().expect("OpHandle used after completion")
-    }
-
-    /// Whether the op has finished (its result is ready).
+    /// Whether the op has finished (its result is ready, or was taken).
     pub fn is_finished(&self) -> bool {
-        self.task().is_finished()
+        self.task.as_ref().is_none_or(|task| task.is_finished())
     }
 
     /// Blocks the calling thread until the op has finished, and returns its

@@ -89,6 +89,7 @@ impl std::fmt::Debug for Pending {
 
 impl Pending {
     /// Counts a new op in; returns the generation to hand to `leave`.
+    #[inline]
     pub fn enter(&self) -> Generation {
         loop {
             let g = self.current.load(Acquire);
@@ -102,9 +103,10 @@ impl Pending {
     }
 
     /// Counts an op out of generation `g`.
+    #[inline]
     pub fn leave(&self, g: Generation) {
         if self.count[g as usize].fetch_sub(ONE, AcqRel) == ONE | DRAINING {
-            self.settle(&mut self.queue.lock().unwrap());
+            self.settle();
         }
     }
 
@@ -117,35 +119,47 @@ impl Pending {
     /// has been counted out.
     pub fn wait(&self) -> Arc<Signal> {
         let signal = Arc::new(Signal::default());
-        let mut queue = self.queue.lock().unwrap();
-        queue.next.push(signal.clone());
-        self.settle(&mut queue);
+        self.lock().next.push(signal.clone());
+        self.settle();
         signal
     }
 
+    /// The queue, even if a thread panicked while holding it (the queue is
+    /// consistent at every point a panic could come from).
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Finishes the drain in progress if its generation is empty, then starts
-    /// the next one if anyone waits for it. Runs under the queue lock.
-    fn settle(&self, queue: &mut Queue) {
-        loop {
-            if let Some(g) = queue.draining {
-                if self.count[g].load(Acquire) >= ONE {
-                    return; // the op that empties it calls us again
+    /// the next one if anyone waits for it. The signals fire after the lock
+    /// is released: a waker is the waiting executor's code.
+    fn settle(&self) {
+        let mut fired = Vec::new();
+        {
+            let mut queue = self.lock();
+            loop {
+                if let Some(g) = queue.draining {
+                    if self.count[g].load(Acquire) >= ONE {
+                        break; // the op that empties it calls us again
+                    }
+                    self.count[g].fetch_and(!DRAINING, AcqRel);
+                    queue.draining = None;
+                    fired.append(&mut queue.now);
                 }
-                self.count[g].fetch_and(!DRAINING, AcqRel);
-                queue.draining = None;
-                for signal in queue.now.drain(..) {
-                    signal.fire();
+                if queue.next.is_empty() {
+                    break;
                 }
+                let queue = &mut *queue;
+                std::mem::swap(&mut queue.now, &mut queue.next);
+                // Close the current generation: new ops go to the other one.
+                let closed = self.current.load(Acquire);
+                self.current.store(1 - closed, Release);
+                self.count[closed].fetch_or(DRAINING, AcqRel);
+                queue.draining = Some(closed);
             }
-            if queue.next.is_empty() {
-                return;
-            }
-            std::mem::swap(&mut queue.now, &mut queue.next);
-            // Close the current generation: new ops go to the other one.
-            let closed = self.current.load(Acquire);
-            self.current.store(1 - closed, Release);
-            self.count[closed].fetch_or(DRAINING, AcqRel);
-            queue.draining = Some(closed);
+        }
+        for signal in fired {
+            signal.fire();
         }
     }
 }

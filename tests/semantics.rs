@@ -355,12 +355,15 @@ fn async_op_awaits_another_ops_handle() {
 fn priorities_order_ready_ops() {
     let engine = Engine::builder().threads(1).build().unwrap();
     let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (started_tx, started_rx) = mpsc::channel::<()>();
     let blocker = engine.new_var();
     // Occupy the only worker until every other op is ready.
     let _ = engine.push(&[], &[&blocker], move |_| -> Result<(), Error> {
+        started_tx.send(()).unwrap();
         release_rx.recv().unwrap();
         Ok(())
     });
+    started_rx.recv().unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let priorities = [3, -1, 0, 5, 1, 0, -2, 5];
     for (i, &p) in priorities.iter().enumerate() {
