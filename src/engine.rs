@@ -22,24 +22,23 @@
 //! the engine's shared state by pointer, which is sound because that state
 //! outlives every pending op: shutdown waits for them.
 
+#![deny(unsafe_code)]
+
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
-use async_task::{Builder, ScheduleInfo};
-
-use crate::ctx::OpCtx;
 use crate::error::{BoxError, Error, OpFailure};
 use crate::exec::{Device, Exec, Executor};
 use crate::handle::{OpHandle, Wait};
+use crate::op::ctx::OpCtx;
 use crate::op::{
-    AsyncBody, Body, Edges, Mode, OpBlock, OpEdge, OpFuture, Runner, SyncBody, in_op,
-    with_current_op,
+    AsyncBody, Body, Edges, Mode, OpBlock, OpEdge, Runner, SyncBody, in_op, with_current_op,
 };
 use crate::pending::Pending;
 use crate::sync::Mutex;
-use crate::var::{AnyVar, Var, VarCore, VarState};
+use crate::var::{AnyVar, Var, VarCore};
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -126,9 +125,9 @@ impl Drop for Handle {
         let shared = self.shared.clone();
         let stop = move || {
             let drained = shared.close();
-            crate::reclaim::block_on(std::future::poll_fn(|cx| drained.poll_fired(cx)));
+            crate::op::reclaim::block_on(std::future::poll_fn(|cx| drained.poll_fired(cx)));
             shared.stop_executors();
-            crate::reclaim::drain();
+            crate::op::reclaim::drain();
         };
         if in_op() {
             // Dropped inside an op: waiting here would wait for this very op.
@@ -532,15 +531,9 @@ impl Engine {
         if !var.core().mark_deleted() {
             return Err(Error::Deleted(var.id()));
         }
-        let target = var.clone();
-        let body = SyncBody(Some(move |_: &OpCtx| -> Result<(), BoxError> {
-            // SAFETY: this op holds the write grant on `target`, and no borrow
-            // of its value exists (no `OpCtx` access was made).
-            let value = unsafe {
-                target.core().set_state(VarState::Deleted);
-                (*target.value().get()).take()
-            };
-            if let Some(value) = value {
+        let key = var.key();
+        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
+            if let Some(value) = ctx.delete(key)? {
                 f(value);
             }
             Ok(())
@@ -580,10 +573,9 @@ impl Engine {
     where
         T: Send + Sync + 'static,
     {
-        let target = var.clone();
-        let body = SyncBody(Some(move |_: &OpCtx| -> Result<(), BoxError> {
-            // SAFETY: this op holds the write grant on `target`.
-            unsafe { target.core().set_state(VarState::Live) };
+        let key = var.key();
+        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
+            ctx.clear_poison(key)?;
             Ok(())
         }));
         let edges = self.edges(&[], &[var], |c| self.check_core(c))?;
@@ -800,22 +792,8 @@ impl Engine {
             return Err(Error::ShutDown);
         }
         let block = OpBlock::new(shared, device, priority, name, mode, generation, edges);
-        let (runner, task) = Builder::new().metadata(block).spawn(
-            move |op: &OpBlock| OpFuture::new(op, body),
-            async_task::WithInfo(schedule),
-        );
-        // SAFETY: `runner` was just spawned for this block and never scheduled.
-        unsafe { OpBlock::launch(runner) };
-        Ok(OpHandle::new(task))
+        Ok(OpHandle::new(OpBlock::spawn(block, body)))
     }
-}
-
-/// The schedule function of every op's task: wakes of async ops land here.
-fn schedule(runner: Runner, info: ScheduleInfo) {
-    let shared: *const Shared = runner.metadata().shared();
-    // SAFETY: an op is only woken while it is pending, when the engine's shared
-    // state is alive (see the module docs).
-    unsafe { (*shared).dispatch(runner, info.woken_while_running) };
 }
 
 /// An op under construction: set its variables, name, priority and device,

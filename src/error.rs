@@ -1,5 +1,7 @@
 //! Errors: what a push, a wait or an op can resolve to.
 
+#![deny(unsafe_code)]
+
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;

@@ -2,6 +2,8 @@
 //! waits ([`Wait`]). Each also has a blocking `wait()` for code that is not
 //! async.
 
+#![deny(unsafe_code)]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,9 +13,9 @@ use async_task::FallibleTask;
 
 use crate::engine::Shared;
 use crate::error::{Error, FailureKind, OpFailure};
+use crate::op::reclaim;
 use crate::op::{OpBlock, in_op};
 use crate::pending::Signal;
-use crate::reclaim;
 
 /// The result of a pushed op: a future that resolves once the op has run (or
 /// was skipped), to its output or its error.

@@ -26,6 +26,8 @@
 //! No lock is taken except by waiters and by the op that empties a
 //! generation being drained.
 
+#![deny(unsafe_code)]
+
 use std::sync::Arc;
 use std::task::{Context, Poll};
 

@@ -3,9 +3,11 @@
 //! interleaving of the very code the engine runs.
 //!
 //! Only the core state machines ([`chain`](crate::chain),
-//! [`trigger`](crate::trigger), [`pending`](crate::pending)) use this shim.
+//! [`op`](crate::op), [`pending`](crate::pending)) use this shim.
 //! Executors use `std` directly: they are exercised by the stress and
 //! differential tests, not by loom.
+
+#![deny(unsafe_code)]
 
 #[cfg(loom)]
 pub(crate) use loom::future::AtomicWaker;

@@ -337,11 +337,6 @@ impl<T> Var<T> {
     pub(crate) fn core(&self) -> &VarCore {
         &self.inner.core
     }
-
-    /// The variable's value cell.
-    pub(crate) fn value(&self) -> &std::cell::UnsafeCell<Option<T>> {
-        &self.inner.value
-    }
 }
 
 impl<T> Clone for Var<T> {

@@ -14,6 +14,8 @@
 //! Every executor implements the crate-internal [`Queue`] trait; a GPU
 //! executor plugs in the same way.
 
+#![deny(unsafe_code)]
+
 mod custom;
 mod inline;
 mod pool;

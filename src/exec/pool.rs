@@ -17,7 +17,7 @@
 //!   already searching; a searcher that finds work wakes the next one if work
 //!   is left. So a steady producer does not pay a futex wake per op.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
@@ -93,9 +93,10 @@ impl Ord for Prioritized {
     }
 }
 
-/// A worker's own state, on its thread's stack.
+/// A worker's own state, in its thread's `LOCAL`.
 struct Local {
-    pool: *const Inner,
+    /// The address of its pool, to recognise it (never dereferenced).
+    pool: usize,
     index: usize,
     deque: Worker<Runner>,
     lifo: Cell<Option<Runner>>,
@@ -105,7 +106,7 @@ struct Local {
 
 thread_local! {
     /// The pool worker running on this thread, if any.
-    static LOCAL: Cell<*const Local> = const { Cell::new(std::ptr::null()) };
+    static LOCAL: OnceCell<Local> = const { OnceCell::new() };
 }
 
 impl Pool {
@@ -162,25 +163,25 @@ impl Queue for Pool {
             inner.notify();
             return;
         }
-        let local = LOCAL.with(Cell::get);
-        // SAFETY: `LOCAL` points to the `Local` on this thread's worker stack
-        // frame, and is reset before that frame ends.
-        if let Some(local) = unsafe { local.as_ref() }
-            && std::ptr::eq(local.pool, inner)
-        {
-            if yielded {
-                // A yielding op goes behind the others.
-                local.deque.push(runner);
-            } else if let Some(previous) = local.lifo.replace(Some(runner)) {
-                local.deque.push(previous);
-            } else {
-                return; // this worker runs it next
+        let foreign = LOCAL.with(|cell| match cell.get() {
+            Some(local) if local.pool == inner as *const Inner as usize => {
+                if yielded {
+                    // A yielding op goes behind the others.
+                    local.deque.push(runner);
+                } else if let Some(previous) = local.lifo.replace(Some(runner)) {
+                    local.deque.push(previous);
+                } else {
+                    return None; // this worker runs it next
+                }
+                inner.notify();
+                None
             }
+            _ => Some(runner),
+        });
+        if let Some(runner) = foreign {
+            inner.injector.push(runner);
             inner.notify();
-            return;
         }
-        inner.injector.push(runner);
-        inner.notify();
     }
 
     fn shutdown(&self) {
@@ -208,17 +209,17 @@ impl Inner {
     /// A worker thread's main loop.
     fn work(&self, index: usize, deque: Worker<Runner>) {
         let _ = self.sleepers[index].thread.set(thread::current());
-        let local = Local {
-            pool: self,
-            index,
-            deque,
-            lifo: Cell::new(None),
-            streak: Cell::new(0),
-            tick: Cell::new(0),
-        };
-        LOCAL.with(|l| l.set(&local));
-        self.run(&local);
-        LOCAL.with(|l| l.set(std::ptr::null()));
+        LOCAL.with(|cell| {
+            let local = cell.get_or_init(|| Local {
+                pool: self as *const Inner as usize,
+                index,
+                deque,
+                lifo: Cell::new(None),
+                streak: Cell::new(0),
+                tick: Cell::new(0),
+            });
+            self.run(local);
+        });
     }
 
     fn run(&self, local: &Local) {
@@ -234,7 +235,7 @@ impl Inner {
                 // others park at once instead of taking CPU from the threads
                 // that push and run ops.
                 if 2 * self.searching.load(SeqCst) >= self.sleepers.len().max(2) {
-                    crate::reclaim::collect();
+                    crate::op::reclaim::collect();
                     if self.stop.load(SeqCst) && !self.has_work() {
                         return;
                     }
@@ -254,7 +255,7 @@ impl Inner {
             }
             self.searching.fetch_sub(1, SeqCst);
             // Before idling, free what ops run here pushed and have finished.
-            crate::reclaim::collect();
+            crate::op::reclaim::collect();
             if self.stop.load(SeqCst) && !self.has_work() {
                 return;
             }

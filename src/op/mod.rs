@@ -17,7 +17,7 @@
 //!   holds a [`Waker`] of its own task, the *anchor*, until `refs` (one per
 //!   edge the chains have not released, plus one until the op has run) drops
 //!   to zero. The thread that pushed the op then drops the anchor (see
-//!   [`reclaim`](crate::reclaim)), or, for an orphaned op, the thread whose
+//!   [`reclaim`]), or, for an orphaned op, the thread whose
 //!   decrement reaches zero.
 //! - The engine's shared state outlives every op between `Pending::enter` (at
 //!   push) and `Pending::leave` (the last step of completion): the engine
@@ -26,23 +26,26 @@
 //! - An async op's [`OpCtx`] may outlive its future (it is the user's value).
 //!   The op's grants are then released when *both* are gone (`holders`).
 
+pub(crate) mod anchor;
+pub(crate) mod ctx;
+mod future;
+pub(crate) mod reclaim;
+pub(crate) mod trigger;
+
+pub(crate) use self::future::{AsyncBody, Body, OpFuture, SyncBody, in_op, with_current_op};
+
 use std::borrow::Cow;
-use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 
 use async_task::Runnable;
 
-use crate::anchor::Anchor;
+use self::anchor::Anchor;
+use self::trigger::Trigger;
 use crate::chain::{Edge, Owner};
-use crate::ctx::OpCtx;
 use crate::engine::Shared;
-use crate::error::{BoxError, Error, FailureKind, OpFailure};
-use crate::reclaim;
+use crate::error::{Error, OpFailure};
 use crate::sync::{AtomicU8, Ordering::AcqRel, UnsafeCell};
-use crate::trigger::Trigger;
 use crate::var::{VarHold, VarState};
 
 /// A runnable op, as executors see it.
@@ -207,6 +210,21 @@ impl OpBlock {
         unsafe { &*self.shared }
     }
 
+    /// Spawns the op's task and links it into its variables' chains; it runs
+    /// as soon as its dependencies allow. Returns the task's handle.
+    pub(crate) fn spawn<B: Body>(
+        block: OpBlock,
+        body: B,
+    ) -> async_task::Task<Result<B::Output, Error>, OpBlock> {
+        let (runner, task) = async_task::Builder::new().metadata(block).spawn(
+            move |op: &OpBlock| OpFuture::new(op, body),
+            async_task::WithInfo(schedule),
+        );
+        // SAFETY: `runner` was just spawned for this block and never scheduled.
+        unsafe { Self::launch(runner) };
+        task
+    }
+
     /// Links a freshly spawned op into its variables' chains, and schedules it
     /// if nothing holds it back.
     ///
@@ -214,7 +232,7 @@ impl OpBlock {
     ///
     /// `runner` comes straight from `spawn` for this block: never scheduled,
     /// its edges never linked.
-    pub(crate) unsafe fn launch(runner: Runner) {
+    unsafe fn launch(runner: Runner) {
         let op: *const OpBlock = runner.metadata();
         // SAFETY: the block lives in the task allocation, which `runner` keeps
         // alive until it is parked in the trigger, and the anchor keeps alive
@@ -492,254 +510,35 @@ impl TokenSet {
     }
 }
 
+/// The schedule function of every op's task: wakes of async ops land here.
+fn schedule(runner: Runner, info: async_task::ScheduleInfo) {
+    let shared: *const Shared = runner.metadata().shared();
+    // SAFETY: an op is only woken while it is pending, when the engine's shared
+    // state is alive (see "Lifetimes" above); the pointer is read before
+    // `runner` moves into the dispatch.
+    unsafe { (*shared).dispatch(runner, info.woken_while_running) };
+}
+
 /// Why an op did not run.
-enum Skip {
+pub(crate) enum Skip {
     Poisoned(Arc<OpFailure>),
     Deleted(crate::var::VarId),
 }
 
-/// What an op runs once its dependencies are granted.
-pub(crate) trait Body: Send + 'static {
-    type Output: Send + 'static;
-
-    /// Drives the op's work. Called only while the op holds every grant and
-    /// none of its inputs is poisoned or deleted.
-    fn poll_body(
-        self: Pin<&mut Self>,
-        op: &OpBlock,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::Output, BoxError>>;
-}
-
-/// A synchronous op: a closure run once.
-pub(crate) struct SyncBody<F>(pub(crate) Option<F>);
-
-impl<F, T, E> Body for SyncBody<F>
-where
-    F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
-    T: Send + 'static,
-    E: Into<BoxError>,
-{
-    type Output = T;
-
-    fn poll_body(
-        self: Pin<&mut Self>,
-        op: &OpBlock,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Result<T, BoxError>> {
-        // `SyncBody` is `Unpin`: it never pins its closure.
-        let f = self
-            .get_mut()
-            .0
-            .take()
-            .expect("op body polled after it ran");
-        let ctx = OpCtx::borrowed(op);
-        Poll::Ready(f(&ctx).map_err(Into::into))
-    }
-}
-
-impl<F> Unpin for SyncBody<F> {}
-
-/// An asynchronous op: a closure that makes a future from a leased `OpCtx`.
-pub(crate) struct AsyncBody<F, Fut> {
-    start: Option<F>,
-    fut: Option<Fut>,
-}
-
-impl<F, Fut> AsyncBody<F, Fut> {
-    pub(crate) fn new(start: F) -> Self {
-        Self {
-            start: Some(start),
-            fut: None,
-        }
-    }
-}
-
-impl<F, Fut, T, E> Body for AsyncBody<F, Fut>
-where
-    F: FnOnce(OpCtx) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<T, E>> + Send + 'static,
-    T: Send + 'static,
-    E: Into<BoxError>,
-{
-    type Output = T;
-
-    fn poll_body(
-        self: Pin<&mut Self>,
-        op: &OpBlock,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<T, BoxError>> {
-        // SAFETY: `fut` is structurally pinned: once set it is never moved
-        // (only polled in place and dropped with `self`); `start` is not pinned.
-        let this = unsafe { self.get_unchecked_mut() };
-        if let Some(start) = this.start.take() {
-            op.lease();
-            this.fut = Some(start(OpCtx::leased(op, cx.waker().clone())));
-        }
-        // SAFETY: see above; `this` is pinned, so is `fut` inside it.
-        let fut =
-            unsafe { Pin::new_unchecked(this.fut.as_mut().expect("async op polled after it ran")) };
-        fut.poll(cx).map(|r| r.map_err(Into::into))
-    }
-}
-
-/// The future an op's task runs.
-pub(crate) struct OpFuture<B> {
-    op: *const OpBlock,
-    started: bool,
-    finished: bool,
-    body: B,
-}
-
-// SAFETY: the only non-`Send` field is the pointer to the task's own metadata,
-// which is `Sync`.
-unsafe impl<B: Send> Send for OpFuture<B> {}
-
-impl<B: Body> OpFuture<B> {
-    pub(crate) fn new(op: &OpBlock, body: B) -> Self {
-        Self {
-            op,
-            started: false,
-            finished: false,
-            body,
-        }
-    }
-}
-
-impl<B: Body> Future for OpFuture<B> {
-    type Output = Result<B::Output, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: `body` is structurally pinned (never moved out); the other
-        // fields are plain data.
-        let this = unsafe { self.get_unchecked_mut() };
-        assert!(!this.finished, "op polled after it finished");
-        // SAFETY: this future lives in the task allocation whose header holds
-        // the block, and is dropped before it.
-        let op = unsafe { &*this.op };
-
-        if !this.started
-            && let Some(skip) = op.blocked_by()
-        {
-            this.finished = true;
-            return Poll::Ready(Err(match skip {
-                Skip::Poisoned(cause) => {
-                    op.finish(Some(cause.clone()), false);
-                    Error::Poisoned(cause)
-                }
-                Skip::Deleted(var) => {
-                    let cause = Arc::new(OpFailure::new(
-                        op.failure_name(),
-                        FailureKind::InputDeleted(var),
-                    ));
-                    op.finish(Some(cause), true);
-                    Error::Deleted(var)
-                }
-            }));
-        }
-
-        this.started = true;
-        // SAFETY: `body` is pinned with `this`.
-        let body = unsafe { Pin::new_unchecked(&mut this.body) };
-        let polled = {
-            let _current = CurrentOp::enter(op);
-            catch_unwind(AssertUnwindSafe(|| body.poll_body(op, cx)))
-        };
-        let result = match polled {
-            Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(Ok(value))) => Ok(value),
-            Ok(Poll::Ready(Err(e))) => Err(FailureKind::Error(e)),
-            Err(payload) => Err(FailureKind::Panic(panic_message(payload.as_ref()))),
-        };
-        this.finished = true;
-        Poll::Ready(match result {
-            Ok(value) => {
-                op.finish(None, false);
-                Ok(value)
-            }
-            Err(kind) => {
-                let failure = Arc::new(OpFailure::new(op.failure_name(), kind));
-                op.finish(Some(failure.clone()), true);
-                Err(Error::Failed(failure))
-            }
-        })
-    }
-}
-
-impl<B> Drop for OpFuture<B> {
-    fn drop(&mut self) {
-        if !self.finished {
-            // The executor dropped the op's runnable (or the task) before it
-            // finished: release its grants so nothing waits on it forever.
-            // SAFETY: as in `poll`.
-            let op = unsafe { &*self.op };
-            let failure = Arc::new(OpFailure::new(op.failure_name(), FailureKind::Dropped));
-            op.finish(Some(failure), true);
-        }
-    }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&'static str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
-}
-
-thread_local! {
-    static CURRENT: std::cell::Cell<*const OpBlock> = const { std::cell::Cell::new(std::ptr::null()) };
-}
-
-/// Marks the calling thread as running an op's body until dropped.
-struct CurrentOp(*const OpBlock);
-
-impl CurrentOp {
-    fn enter(op: &OpBlock) -> Self {
-        CurrentOp(CURRENT.with(|c| c.replace(op)))
-    }
-}
-
-impl Drop for CurrentOp {
-    fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.0));
-    }
-}
-
-/// Runs `f` with the op whose body the calling thread is running, if any.
-pub(crate) fn with_current_op<R>(f: impl FnOnce(Option<&OpBlock>) -> R) -> R {
-    let op = CURRENT.with(|c| c.get());
-    // SAFETY: `CURRENT` is set only while the op's body is being polled on this
-    // thread, during which the op's block is alive.
-    f(unsafe { op.as_ref() })
-}
-
-/// Whether the calling thread is running an op's body.
-pub(crate) fn in_op() -> bool {
-    CURRENT.with(|c| !c.get().is_null())
-}
-
 #[cfg(test)]
-mod size_tests {
+mod tests {
+    use super::*;
+
+    /// The op block is most of an op's allocation; with a small closure an op
+    /// on one or two variables fits in 256 bytes (see `INLINE_EDGES`). A
+    /// bigger block is a regression of the memory held per pending op.
     #[test]
-    fn print_sizes() {
-        use super::*;
-        eprintln!("OpBlock {}", std::mem::size_of::<OpBlock>());
-        eprintln!("Edges {}", std::mem::size_of::<Edges>());
-        eprintln!("OpEdge {}", std::mem::size_of::<OpEdge>());
-        eprintln!("Trigger {}", std::mem::size_of::<Trigger<Runner>>());
-        eprintln!("name {}", std::mem::size_of::<Option<Cow<'static, str>>>());
-        eprintln!("Error {}", std::mem::size_of::<Error>());
-        eprintln!(
-            "Result<(),Error> {}",
-            std::mem::size_of::<Result<(), Error>>()
+    fn op_block_stays_small() {
+        assert!(
+            std::mem::size_of::<OpBlock>() <= 144,
+            "OpBlock grew to {} bytes",
+            std::mem::size_of::<OpBlock>()
         );
-        eprintln!(
-            "OpFuture<SyncBody<closure>> {}",
-            std::mem::size_of::<OpFuture<SyncBody<fn(&OpCtx) -> Result<(), Error>>>>()
-        );
-        eprintln!("Edge {}", std::mem::size_of::<Edge<OpBlock>>());
+        assert_eq!(std::mem::size_of::<OpEdge>(), 24);
     }
 }

@@ -31,7 +31,7 @@
 use std::cell::RefCell;
 use std::ptr;
 
-use crate::op::OpBlock;
+use super::OpBlock;
 
 /// Finished ops reclaimed per push, at most: more than one, so that the list
 /// shrinks when ops finish as fast as they are pushed.

@@ -10,10 +10,10 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::task::Waker;
 
+use super::{OpBlock, OpEdge};
 use crate::error::Error;
 use crate::exec::Device;
-use crate::op::{OpBlock, OpEdge};
-use crate::var::VarKey;
+use crate::var::{VarKey, VarState};
 
 /// Borrow counters kept inline for this many variables; more spill to the heap.
 const INLINE_BORROWS: usize = 4;
@@ -169,14 +169,7 @@ impl OpCtx {
         T: Send + Sync + 'static,
     {
         let key = var.into();
-        let (i, edge) = self.find(key)?;
-        if !edge.edge.is_write() {
-            return Err(Error::NotMutable(key.id()));
-        }
-        let count = self.borrows.get(i);
-        count
-            .compare_exchange(0, MUT, Ordering::Acquire, Ordering::Relaxed)
-            .map_err(|_| Error::Borrowed(key.id()))?;
+        let (_, count, edge) = self.claim(key)?;
         // SAFETY: as in `read`; the op holds the write grant, and the borrow
         // count makes this the only borrow of the value.
         match unsafe { (*edge.var.value::<T>().get()).as_mut() } {
@@ -186,6 +179,48 @@ impl OpCtx {
                 Err(Error::Deleted(key.id()))
             }
         }
+    }
+
+    /// Deletes the variable `key` names: marks it deleted and takes its
+    /// value. The op declared it as mutated, and the body does not borrow it.
+    pub(crate) fn delete<T>(&self, key: VarKey<T>) -> Result<Option<T>, Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let (_, count, edge) = self.claim(key)?;
+        // SAFETY: as in `write`: the write grant and the exclusive borrow.
+        let value = unsafe {
+            edge.var.set_state(VarState::Deleted);
+            (*edge.var.value::<T>().get()).take()
+        };
+        count.store(0, Ordering::Release);
+        Ok(value)
+    }
+
+    /// Clears the poison of the variable `key` names (declared as mutated).
+    pub(crate) fn clear_poison<T>(&self, key: VarKey<T>) -> Result<(), Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let (_, count, edge) = self.claim(key)?;
+        // SAFETY: the op holds the write grant on the variable.
+        unsafe { edge.var.set_state(VarState::Live) };
+        count.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Borrows the variable `key` names exclusively: the op declared it as
+    /// mutated and the body holds no borrow of it. Release with a store of 0.
+    fn claim<T>(&self, key: VarKey<T>) -> Result<(usize, &AtomicI32, &OpEdge), Error> {
+        let (i, edge) = self.find(key)?;
+        if !edge.edge.is_write() {
+            return Err(Error::NotMutable(key.id()));
+        }
+        let count = self.borrows.get(i);
+        count
+            .compare_exchange(0, MUT, Ordering::Acquire, Ordering::Relaxed)
+            .map_err(|_| Error::Borrowed(key.id()))?;
+        Ok((i, count, edge))
     }
 
     /// The op's name, if it was given one.
