@@ -153,6 +153,13 @@ impl Drop for Handle {
 /// what was pushed and joins the engine's threads. Engines are independent of
 /// each other: there is no global instance.
 ///
+/// Dropping the last clone blocks until the pushed ops have run, except
+/// inside an op, where a helper thread waits instead. With a
+/// [custom executor](crate::Executor::custom), do not drop it on one of that
+/// executor's own threads (or `.await` [`shutdown`](Engine::shutdown) first):
+/// blocking there could stall the very executor that must run the remaining
+/// ops.
+///
 /// ```
 /// use depflow::Engine;
 ///
@@ -671,7 +678,9 @@ impl Engine {
     /// Shuts the engine down: new pushes fail with [`Error::ShutDown`]; the
     /// returned wait resolves once every op pushed before has finished. The
     /// executors' threads stop when the last handle is dropped (dropping it
-    /// also shuts down, blocking until the ops have finished).
+    /// also shuts down, blocking until the ops have finished). Inside an op
+    /// the engine is shut down all the same, but the wait resolves at once to
+    /// [`Error::WaitsForItself`].
     ///
     /// ```
     /// use depflow::{Engine, Error};
