@@ -730,7 +730,9 @@ impl Engine {
         for var in all() {
             check(var.core())?;
         }
-        // Fast paths: one or two variables, no allocation.
+        // Fast paths for one or two variables, the common case. The general
+        // path below gives the same edges; this one saves 58 to 105
+        // instructions per push (callgrind, `chain` and `seed4`).
         match (mutates, reads) {
             ([v], []) | ([], [v]) => {
                 return Ok(Edges::One([OpEdge::new(v.hold(), !mutates.is_empty())]));

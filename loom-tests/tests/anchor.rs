@@ -42,17 +42,22 @@ fn chain_done(op: &Op, i: usize) {
     }
 }
 
+/// Two chains, each counting itself out of `op` on its own thread.
+fn spawn_chains(op: &Arc<Op>) -> Vec<thread::JoinHandle<()>> {
+    (0..2)
+        .map(|i| {
+            let op = op.clone();
+            thread::spawn(move || chain_done(&op, i))
+        })
+        .collect()
+}
+
 /// The pusher polls and frees once finished, racing the last two references.
 #[test]
 fn pusher_frees_once_finished() {
     loom::model(|| {
         let (op, freed) = op();
-        let chains: Vec<_> = (0..2)
-            .map(|i| {
-                let op = op.clone();
-                thread::spawn(move || chain_done(&op, i))
-            })
-            .collect();
+        let chains = spawn_chains(&op);
         loop {
             if op.anchor.is_finished() {
                 // SAFETY: finished: the holder takes the anchor back.
@@ -75,12 +80,7 @@ fn pusher_frees_once_finished() {
 fn orphan_races_last_unref() {
     loom::model(|| {
         let (op, freed) = op();
-        let chains: Vec<_> = (0..2)
-            .map(|i| {
-                let op = op.clone();
-                thread::spawn(move || chain_done(&op, i))
-            })
-            .collect();
+        let chains = spawn_chains(&op);
         // SAFETY: the holder orphans once, instead of taking.
         if let Some(anchor) = unsafe { op.anchor.orphan() } {
             free(&op, anchor);
