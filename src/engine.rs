@@ -29,16 +29,21 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
+use crate::diag::{Diagnostics, OpReport, OpState, ResourceReport};
 use crate::error::{BoxError, Error, OpFailure};
 use crate::exec::{Device, Exec, Executor};
 use crate::handle::{OpHandle, Wait};
 use crate::op::ctx::OpCtx;
+use crate::op::track::Tracker;
 use crate::op::{
     AsyncBody, Body, Edges, Mode, OpBlock, OpEdge, Runner, SyncBody, in_op, with_current_op,
 };
 use crate::pending::Pending;
+use crate::resource::{OpBroker, OpResources, Resource};
+use crate::room::Room;
 use crate::sync::Mutex;
 use crate::var::{AnyVar, Var, VarCore};
+use std::collections::HashSet;
 
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -61,6 +66,9 @@ pub(crate) struct Shared {
     pub(crate) push_lock: Mutex<()>,
     closed: AtomicBool,
     failures: StdMutex<FailureLog>,
+    pub(crate) broker: Arc<OpBroker>,
+    pub(crate) room: Room,
+    pub(crate) tracker: Option<Tracker>,
 }
 
 struct DeviceSlot {
@@ -231,6 +239,8 @@ impl std::fmt::Debug for Engine {
 pub struct EngineBuilder {
     default: Executor,
     devices: Vec<(String, Executor)>,
+    max_in_flight: usize,
+    track_ops: bool,
 }
 
 impl EngineBuilder {
@@ -250,6 +260,36 @@ impl EngineBuilder {
     /// pool). Push an op to it with [`OpBuilder::on`].
     pub fn device(mut self, name: impl Into<String>, executor: Executor) -> Self {
         self.devices.push((name.into(), executor));
+        self
+    }
+
+    /// Bounds the ops in flight (pushed, not finished) for producers that
+    /// wait for room with [`OpBuilder::when_room`] (default: no bound). Plain
+    /// pushes never wait, but count.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::builder().threads(1).max_in_flight(2).build()?;
+    /// let v = engine.new_var();
+    /// for _ in 0..100 {
+    ///     // Blocks while 2 ops are in flight: memory stays flat however far
+    ///     // this loop would otherwise run ahead.
+    ///     engine.op().mutates(&[&v]).when_room().wait()?.run(|_| Ok::<_, Error>(()))?;
+    ///     assert!(engine.in_flight() <= 2);
+    /// }
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn max_in_flight(mut self, ops: usize) -> Self {
+        self.max_in_flight = ops;
+        self
+    }
+
+    /// Keeps a registry of unfinished ops, so that
+    /// [`Engine::diagnostics`] can list the ops waiting for their variables
+    /// too (default: off; it costs a lock per push and per completion).
+    pub fn track_ops(mut self, on: bool) -> Self {
+        self.track_ops = on;
         self
     }
 
@@ -290,6 +330,9 @@ impl EngineBuilder {
             push_lock: Mutex::new(()),
             closed: AtomicBool::new(false),
             failures: StdMutex::new(FailureLog::default()),
+            broker: Arc::default(),
+            room: Room::new(self.max_in_flight),
+            tracker: self.track_ops.then(Tracker::default),
         });
         Ok(Engine {
             handle: Arc::new(Handle { shared }),
@@ -317,6 +360,8 @@ impl Engine {
         EngineBuilder {
             default: Executor::pool(threads),
             devices: Vec::new(),
+            max_in_flight: 0,
+            track_ops: false,
         }
     }
 
@@ -350,6 +395,63 @@ impl Engine {
     /// ```
     pub fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
         Var::new(self.shared().id, value)
+    }
+
+    /// A new counted resource of `capacity` units (bytes of a device's
+    /// memory, buffer slots, stream slots): ops declare the units they need
+    /// with [`OpBuilder::uses`] and [`OpBuilder::allocates`], and start only
+    /// once those are free. See [`Resource`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let slots = engine.new_resource("staging buffers", 2);
+    /// assert_eq!((slots.name(), slots.capacity(), slots.in_use()), ("staging buffers", 2, 0));
+    /// ```
+    pub fn new_resource(&self, name: impl Into<Cow<'static, str>>, capacity: u64) -> Resource {
+        Resource::new(
+            self.shared().id,
+            name.into(),
+            capacity,
+            &self.shared().broker,
+        )
+    }
+
+    /// Ops pushed and not finished yet, if the engine bounds them
+    /// ([`EngineBuilder::max_in_flight`]); otherwise 0 (they are not counted).
+    pub fn in_flight(&self) -> usize {
+        self.shared().room.in_flight()
+    }
+
+    /// What the engine is waiting for: its resources, the ops parked for
+    /// units, and (with [`EngineBuilder::track_ops`]) every unfinished op
+    /// with the variables and earlier ops it waits for. For a stuck engine;
+    /// see [`Diagnostics`] for an example.
+    pub fn diagnostics(&self) -> Diagnostics {
+        let shared = self.shared();
+        let mut parked = HashSet::new();
+        let mut waiting_for_units = Vec::new();
+        shared.broker.for_each_waiting(|runner| {
+            let op = runner.metadata();
+            parked.insert(std::ptr::from_ref(op) as usize);
+            let mut report = OpReport::of(op, None);
+            report.state = OpState::Units(OpReport::units_of(op));
+            waiting_for_units.push(report);
+        });
+        Diagnostics {
+            in_flight: shared.pending.in_flight(),
+            resources: shared
+                .broker
+                .pools()
+                .into_iter()
+                .map(|p| ResourceReport {
+                    name: p.name,
+                    capacity: p.capacity,
+                    free: p.free,
+                })
+                .collect(),
+            waiting_for_units,
+            tracked: shared.tracker.as_ref().map(|t| t.report(&parked)),
+        }
     }
 
     /// The default device (named [`DEFAULT_DEVICE`]).
@@ -410,6 +512,9 @@ impl Engine {
             name: None,
             priority: 0,
             device: None,
+            resources: None,
+            allocations: Vec::new(),
+            invalid: None,
         }
     }
 
@@ -553,6 +658,7 @@ impl Engine {
             Some(Cow::Borrowed("delete_var")),
             Mode::Maintenance,
             0,
+            None,
         )
     }
 
@@ -593,6 +699,7 @@ impl Engine {
             Some(Cow::Borrowed("clear_poison")),
             Mode::Maintenance,
             0,
+            None,
         )
     }
 
@@ -638,6 +745,7 @@ impl Engine {
                     Some(Cow::Borrowed("wait_for_var")),
                     Mode::Normal,
                     0,
+                    None,
                 )
             });
         match pushed {
@@ -787,6 +895,7 @@ impl Engine {
     }
 
     /// Spawns the op's task and links it into its variables' chains.
+    #[allow(clippy::too_many_arguments)]
     fn launch<B: Body>(
         &self,
         edges: Edges,
@@ -795,6 +904,7 @@ impl Engine {
         name: Option<Cow<'static, str>>,
         mode: Mode,
         priority: i32,
+        resources: Option<Box<OpResources>>,
     ) -> Result<OpHandle<B::Output>, Error> {
         let shared = self.shared();
         let generation = shared.pending.enter();
@@ -802,7 +912,10 @@ impl Engine {
             shared.pending.leave(generation);
             return Err(Error::ShutDown);
         }
-        let block = OpBlock::new(shared, device, priority, name, mode, generation, edges);
+        shared.room.enter();
+        let block = OpBlock::new(
+            shared, device, priority, name, mode, generation, edges, resources,
+        );
         Ok(OpHandle::new(OpBlock::spawn(block, body)))
     }
 }
@@ -837,6 +950,11 @@ pub struct OpBuilder<'a> {
     name: Option<Cow<'static, str>>,
     priority: i32,
     device: Option<Device>,
+    resources: Option<Box<OpResources>>,
+    /// The variable of each lasting demand in `resources`, in order.
+    allocations: Vec<&'a dyn AnyVar>,
+    /// The first bad resource declaration, reported by `run`.
+    invalid: Option<Error>,
 }
 
 impl std::fmt::Debug for OpBuilder<'_> {
@@ -847,6 +965,10 @@ impl std::fmt::Debug for OpBuilder<'_> {
             .field("name", &self.name)
             .field("priority", &self.priority)
             .field("device", &self.device)
+            .field(
+                "resources",
+                &self.resources.as_ref().map(|r| r.resources.as_slice()),
+            )
             .finish()
     }
 }
@@ -881,6 +1003,91 @@ impl<'a> OpBuilder<'a> {
     pub fn on(mut self, device: Device) -> Self {
         self.device = Some(device);
         self
+    }
+
+    /// Units of `resource` the op needs while it runs, given back when it
+    /// completes. The op starts only once all its variables allow it *and*
+    /// all its units are free; it takes them all at once.
+    ///
+    /// # Errors
+    ///
+    /// Reported by `run`: [`Error::OverCapacity`] if the op needs more than
+    /// the resource has, [`Error::ForeignResource`] for another engine's.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let streams = engine.new_resource("streams", 1);
+    /// let (a, b) = (engine.new_var(), engine.new_var());
+    /// // Independent variables, but one stream: the two never overlap.
+    /// let first = engine.op().mutates(&[&a]).uses(&streams, 1).run(|_| Ok::<_, Error>(()))?;
+    /// let second = engine.op().mutates(&[&b]).uses(&streams, 1).run(|_| Ok::<_, Error>(()))?;
+    /// first.wait()?;
+    /// second.wait()?;
+    /// assert_eq!(streams.in_use(), 0);
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
+        self.add_units(resource, units, None);
+        self
+    }
+
+    /// Units of `resource` the op needs and hands on to `output`, one of the
+    /// variables it mutates (the buffer it fills): `output` holds them from
+    /// the op's completion until it is deleted or dropped, or a later op
+    /// allocates it again (which replaces them). If the op fails, they come
+    /// back at once.
+    ///
+    /// Such an op waits for every op pushed before it that needs units of
+    /// the same resource (see [`Resource`] on why this makes pipelines
+    /// deadlock-free).
+    ///
+    /// # Errors
+    ///
+    /// As for [`uses`](Self::uses), and [`Error::NotMutable`] (reported by
+    /// `run`) if the op does not mutate `output`.
+    pub fn allocates(mut self, resource: &Resource, units: u64, output: &'a dyn AnyVar) -> Self {
+        self.allocations.push(output);
+        self.add_units(resource, units, Some(self.allocations.len() - 1));
+        self
+    }
+
+    fn add_units(&mut self, resource: &Resource, units: u64, allocation: Option<usize>) {
+        if resource.inner.engine != self.engine.shared().id {
+            self.invalid
+                .get_or_insert(Error::ForeignResource(resource.name().to_string()));
+        } else if units > 0 {
+            self.resources
+                .get_or_insert_with(|| Box::new(OpResources::new()))
+                .add(resource, units, allocation);
+        }
+    }
+
+    /// Waits for room under the engine's bound on ops in flight
+    /// ([`EngineBuilder::max_in_flight`]), then gives the builder back to
+    /// [`run`](Self::run): a producer that pushes this way never runs more
+    /// than the bound ahead of the engine (plus one op per other producer
+    /// between its wait and its push). Ready at once without a bound.
+    ///
+    /// `.await` it in async code, or block with [`WhenRoom::wait`].
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let engine = Engine::builder().max_in_flight(8).build()?;
+    /// let v = engine.new_var();
+    /// for _ in 0..100 {
+    ///     engine.op().mutates(&[&v]).when_room().await?.run(|_| Ok::<_, Error>(()))?;
+    /// }
+    /// engine.wait_all().await?;
+    /// # Ok::<(), Error>(()) }).unwrap();
+    /// ```
+    pub fn when_room(self) -> WhenRoom<'a> {
+        WhenRoom {
+            builder: Some(self),
+        }
     }
 
     fn device_index(&self) -> Result<u16, Error> {
@@ -920,10 +1127,81 @@ impl<'a> OpBuilder<'a> {
         self.launch(AsyncBody::new(f))
     }
 
-    fn launch<B: Body>(self, body: B) -> Result<OpHandle<B::Output>, Error> {
+    fn launch<B: Body>(mut self, body: B) -> Result<OpHandle<B::Output>, Error> {
         let engine = self.engine;
         let device = self.device_index()?;
+        if let Some(e) = self.invalid {
+            return Err(e);
+        }
         let edges = engine.edges(self.reads, self.mutates, |c| engine.check_core(c))?;
-        engine.launch(edges, body, device, self.name, Mode::Normal, self.priority)
+        if let Some(r) = &mut self.resources {
+            if let Some((resource, requested)) = r.over_capacity() {
+                return Err(Error::OverCapacity {
+                    resource: resource.name().to_string(),
+                    requested,
+                    capacity: resource.capacity(),
+                });
+            }
+            // Point each allocation at its output's edge, merging repeats.
+            for l in &mut r.lasting {
+                let var = self.allocations[l.edge].core();
+                l.edge = edges
+                    .as_slice()
+                    .iter()
+                    .position(|e| std::ptr::eq(e.var.core(), var) && e.edge.is_write())
+                    .ok_or(Error::NotMutable(var.id()))?;
+            }
+            r.merge_lasting();
+        }
+        engine.launch(
+            edges,
+            body,
+            device,
+            self.name,
+            Mode::Normal,
+            self.priority,
+            self.resources,
+        )
     }
 }
+
+/// Waits for room under the engine's bound on ops in flight; resolves to the
+/// [`OpBuilder`] to push with. Made by [`OpBuilder::when_room`].
+#[must_use = "a WhenRoom does nothing unless awaited or waited on"]
+#[derive(Debug)]
+pub struct WhenRoom<'a> {
+    builder: Option<OpBuilder<'a>>,
+}
+
+impl<'a> WhenRoom<'a> {
+    /// Blocks the calling thread until there is room.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BlockingInOp`] inside an op (`.await` it there instead).
+    pub fn wait(self) -> Result<OpBuilder<'a>, Error> {
+        if in_op() {
+            return Err(Error::BlockingInOp);
+        }
+        crate::op::reclaim::block_on(self)
+    }
+}
+
+impl<'a> Future for WhenRoom<'a> {
+    type Output = Result<OpBuilder<'a>, Error>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let builder = self
+            .builder
+            .as_ref()
+            .expect("WhenRoom polled after it resolved");
+        std::task::ready!(builder.engine.shared().room.poll_room(cx));
+        std::task::Poll::Ready(Ok(self.builder.take().expect("checked above")))
+    }
+}
+
+// An `OpBuilder` holds only shared references and owned data.
+impl Unpin for WhenRoom<'_> {}

@@ -168,6 +168,18 @@ pub enum Error {
         /// How many failures were recorded.
         count: usize,
     },
+    /// An op asked for more units of a resource than it has: it could never
+    /// run.
+    OverCapacity {
+        /// The resource's name.
+        resource: String,
+        /// The units the op asked for (all its declarations together).
+        requested: u64,
+        /// The resource's capacity.
+        capacity: u64,
+    },
+    /// The resource (named here) was created by another engine.
+    ForeignResource(String),
     /// The engine could not be built as configured.
     Config(String),
 }
@@ -192,6 +204,17 @@ impl fmt::Display for Error {
             Error::Borrowed(var) => write!(f, "{var} is already borrowed by this op"),
             Error::Failures { first, count } => {
                 write!(f, "{count} op(s) failed; the first: {first}")
+            }
+            Error::OverCapacity {
+                resource,
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "the op needs {requested} units of `{resource}`, which has only {capacity}"
+            ),
+            Error::ForeignResource(name) => {
+                write!(f, "resource `{name}` belongs to another engine")
             }
             Error::Config(msg) => write!(f, "invalid engine configuration: {msg}"),
         }

@@ -92,21 +92,27 @@
 #![warn(missing_docs)]
 #![doc(test(attr(deny(warnings))))]
 
+mod broker;
 mod chain;
+mod diag;
 mod engine;
 mod error;
 mod exec;
 mod handle;
 mod op;
 mod pending;
+mod resource;
+mod room;
 mod sync;
 mod var;
 
-pub use engine::{DEFAULT_DEVICE, Engine, EngineBuilder, OpBuilder};
+pub use diag::{Diagnostics, OpReport, OpState, ResourceReport};
+pub use engine::{DEFAULT_DEVICE, Engine, EngineBuilder, OpBuilder, WhenRoom};
 pub use error::{BoxError, Error, OpFailure};
 pub use exec::{Device, Executor, Job};
 pub use handle::{OpHandle, Wait};
 pub use op::ctx::{OpCtx, VarMut, VarRef};
+pub use resource::Resource;
 pub use var::{AnyVar, Var, VarId, VarKey};
 
 /// The code in README.md, compiled and run as doctests.
@@ -119,8 +125,10 @@ pub struct ReadmeDoctests;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod __loom {
+    pub use crate::broker::{Broker, Demand, Granted, Request};
     pub use crate::chain::{Chain, Edge, Owner};
     pub use crate::op::anchor::Anchor;
     pub use crate::op::trigger::Trigger;
     pub use crate::pending::{Pending, Signal};
+    pub use crate::room::Room;
 }

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::chain::Chain;
 use crate::error::OpFailure;
 use crate::op::OpBlock;
+use crate::resource::Resource;
 use crate::sync::UnsafeCell;
 
 /// Variable ids are unique across all engines of the process, so that a
@@ -84,9 +85,14 @@ pub(crate) struct Written {
     version: AtomicU64,
     /// Read by ops holding a grant, written by ops holding a write grant.
     state: UnsafeCell<VarState>,
+    /// Resource units allocated to the variable (see `OpBuilder::allocates`),
+    /// one entry per resource; touched only under the write grant or by
+    /// `Drop`.
+    held: UnsafeCell<Vec<(Resource, u64)>>,
 }
 
-// SAFETY: `state` is accessed only under the chain's grants (see `VarCore`).
+// SAFETY: `state` and `held` are accessed only under the chain's grants (see
+// `VarCore`), or exclusively in `Drop`.
 unsafe impl Sync for Written {}
 
 impl VarCore {
@@ -159,8 +165,49 @@ impl VarCore {
     }
 }
 
+impl VarCore {
+    /// Makes the variable hold `amount` units of `resource`, replacing what
+    /// it held of it, whose amount is returned (to give back).
+    ///
+    /// # Safety
+    ///
+    /// The calling op holds the granted write edge on this variable.
+    pub(crate) unsafe fn hold_units(&self, resource: &Resource, amount: u64) -> Option<u64> {
+        // SAFETY: a granted write is exclusive.
+        self.chain.payload().held.with_mut(|held| {
+            let held = unsafe { &mut *held };
+            match held.iter_mut().find(|(r, _)| r == resource) {
+                Some((_, units)) => Some(std::mem::replace(units, amount)),
+                None => {
+                    held.push((resource.clone(), amount));
+                    None
+                }
+            }
+        })
+    }
+
+    /// Gives back every unit the variable holds (it is being deleted).
+    ///
+    /// # Safety
+    ///
+    /// As for [`hold_units`](Self::hold_units).
+    pub(crate) unsafe fn give_back_units(&self) {
+        // SAFETY: a granted write is exclusive.
+        let held = self
+            .chain
+            .payload()
+            .held
+            .with_mut(|held| std::mem::take(unsafe { &mut *held }));
+        for (resource, units) in held {
+            resource.give_back(units);
+        }
+    }
+}
+
 impl Drop for VarCore {
     fn drop(&mut self) {
+        // SAFETY: `&mut self`: nothing else can reach the variable.
+        unsafe { self.give_back_units() };
         // Every op holds its variables, so a variable dies only after the last
         // op on it has left its chain.
         debug_assert!(
@@ -285,6 +332,7 @@ impl<T: Send + Sync + 'static> Var<T> {
             chain: Chain::new(Written {
                 version: AtomicU64::new(0),
                 state: UnsafeCell::new(VarState::Live),
+                held: UnsafeCell::new(Vec::new()),
             }),
         };
         Self {

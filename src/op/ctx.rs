@@ -191,6 +191,7 @@ impl OpCtx {
         // SAFETY: as in `write`: the write grant and the exclusive borrow.
         let value = unsafe {
             edge.var.set_state(VarState::Deleted);
+            edge.var.give_back_units();
             (*edge.var.value::<T>().get()).take()
         };
         count.store(0, Ordering::Release);

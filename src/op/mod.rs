@@ -30,6 +30,7 @@ pub(crate) mod anchor;
 pub(crate) mod ctx;
 mod future;
 pub(crate) mod reclaim;
+pub(crate) mod track;
 pub(crate) mod trigger;
 
 pub(crate) use self::future::{AsyncBody, Body, OpFuture, SyncBody, in_op, with_current_op};
@@ -45,6 +46,7 @@ use self::trigger::Trigger;
 use crate::chain::{Edge, Owner};
 use crate::engine::Shared;
 use crate::error::{Error, OpFailure};
+use crate::resource::OpResources;
 use crate::sync::{AtomicU8, Ordering::AcqRel, UnsafeCell};
 use crate::var::{VarHold, VarState};
 
@@ -108,6 +110,13 @@ pub(crate) enum Mode {
     Maintenance,
 }
 
+/// `OpBlock::flags`: the op's `pending` generation (0 or 1).
+const GENERATION: u8 = 1;
+/// `OpBlock::flags`: `Mode::Maintenance`.
+const MAINTENANCE: u8 = 2;
+/// `OpBlock::flags`: the name was leaked from an owned string.
+const NAME_OWNED: u8 = 4;
+
 /// An op's metadata, stored in its task's header.
 pub(crate) struct OpBlock {
     trigger: Trigger<Runner>,
@@ -121,15 +130,17 @@ pub(crate) struct OpBlock {
     /// 0, or (once an async body leased its `OpCtx`) how many of the future
     /// and the context still hold the grants: the last one releases them.
     holders: AtomicU8,
-    generation: u8,
-    mode: Mode,
+    /// `GENERATION`, `MAINTENANCE` and `NAME_OWNED` bits, packed so that
+    /// the block stays within its size budget (see the test below).
+    flags: u8,
     device: u16,
     priority: i32,
     shared: *const Shared,
     /// The op's name; an owned name is leaked into it and freed on drop.
     name: Option<&'static str>,
-    name_owned: bool,
     edges: Edges,
+    /// The counted resources the op needs, if any (see `resource`).
+    resources: Option<Box<OpResources>>,
 }
 
 // SAFETY: `next_adopted` is touched only by the pushing thread (see
@@ -140,6 +151,7 @@ unsafe impl Send for OpBlock {}
 unsafe impl Sync for OpBlock {}
 
 impl OpBlock {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         shared: &Shared,
         device: u16,
@@ -148,16 +160,17 @@ impl OpBlock {
         mode: Mode,
         generation: u8,
         edges: Edges,
+        resources: Option<Box<OpResources>>,
     ) -> Self {
         let n = edges.as_slice().len() as u32;
         Self {
             trigger: Trigger::new(n),
             anchor: Anchor::new(n + 1),
-            name_owned: matches!(name, Some(Cow::Owned(_))),
+            flags: u8::from(generation != 0) * GENERATION
+                + u8::from(mode == Mode::Maintenance) * MAINTENANCE
+                + u8::from(matches!(name, Some(Cow::Owned(_)))) * NAME_OWNED,
             next_adopted: UnsafeCell::new(std::ptr::null()),
             holders: AtomicU8::new(0),
-            generation,
-            mode,
             device,
             priority,
             shared,
@@ -166,13 +179,18 @@ impl OpBlock {
                 Cow::Owned(s) => Box::leak(s.into_boxed_str()),
             }),
             edges,
+            resources,
         }
+    }
+
+    fn name_owned(&self) -> bool {
+        self.flags & NAME_OWNED != 0
     }
 
     /// The name, for an `OpFailure` (which may outlive the op).
     fn failure_name(&self) -> Option<Cow<'static, str>> {
         self.name.map(|s| {
-            if self.name_owned {
+            if self.name_owned() {
                 Cow::Owned(s.to_owned())
             } else {
                 Cow::Borrowed(s)
@@ -199,6 +217,11 @@ impl OpBlock {
     #[inline]
     pub(crate) fn edges(&self) -> &[OpEdge] {
         self.edges.as_slice()
+    }
+
+    #[inline]
+    pub(crate) fn resources(&self) -> Option<&OpResources> {
+        self.resources.as_deref()
     }
 
     /// The engine's shared state; valid while the op is pending.
@@ -245,8 +268,11 @@ impl OpBlock {
                 e.edge.set_owner(op);
             }
             this.trigger.park(runner);
+            if let Some(tracker) = &this.shared().tracker {
+                tracker.add(this);
+            }
             let edges = this.edges();
-            if edges.len() == 1 {
+            if edges.len() == 1 && this.resources.is_none() {
                 edges[0].var.chain.append(&edges[0].edge);
             } else {
                 this.link_all();
@@ -254,7 +280,7 @@ impl OpBlock {
             // Release the pusher's guard; if every edge was granted meanwhile,
             // the op is ready now.
             if let Some(runner) = this.trigger.release() {
-                this.shared().dispatch(runner, false);
+                this.ready(runner);
             }
             // This thread frees the op once it is finished.
             reclaim::adopt(this);
@@ -321,8 +347,10 @@ impl OpBlock {
     /// Links every edge under the engine's push lock, so that all variables'
     /// chains see multi-variable ops in one global order (two pushers cannot
     /// interleave into opposite orders on two variables, which would be a
-    /// wait-for cycle). Granting, which may run ops inline, happens after the
-    /// lock is dropped.
+    /// wait-for cycle). An op with resource demands draws its tickets in the
+    /// same critical section, so ticket order agrees with that order too (see
+    /// `broker`). Granting, which may run ops inline, happens after the lock
+    /// is dropped.
     ///
     /// # Safety
     ///
@@ -336,6 +364,9 @@ impl OpBlock {
                 .push_lock
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
+            if let Some(r) = self.resources() {
+                r.draw_tickets();
+            }
             for (i, e) in edges.iter().enumerate() {
                 // SAFETY: forwarded from `launch`.
                 if unsafe { e.var.chain.link(&e.edge) } {
@@ -361,7 +392,7 @@ impl OpBlock {
             // SAFETY: as above.
             match unsafe { e.var.state() } {
                 VarState::Live => {}
-                VarState::Poisoned(cause) if self.mode == Mode::Normal => {
+                VarState::Poisoned(cause) if self.flags & MAINTENANCE == 0 => {
                     return Some(Skip::Poisoned(cause));
                 }
                 VarState::Poisoned(_) => {}
@@ -376,6 +407,9 @@ impl OpBlock {
     /// its leased `OpCtx` is still alive.
     fn finish(&self, failure: Option<Arc<OpFailure>>, record: bool) {
         if let Some(f) = failure {
+            if let Some(r) = self.resources() {
+                r.mark_failed();
+            }
             // Still holding every grant: the mutated variables are ours.
             for e in self.edges().iter().filter(|e| e.edge.is_write()) {
                 // SAFETY: the op holds the write grant on this variable.
@@ -408,6 +442,11 @@ impl OpBlock {
     /// Completes every edge and counts the op out. The op never touches the
     /// engine after this.
     fn release_grants(&self) {
+        if let Some(r) = self.resources()
+            && r.is_held()
+        {
+            self.return_units(r);
+        }
         for e in self.edges() {
             // SAFETY: each edge was granted and is completed exactly once, here.
             unsafe {
@@ -419,11 +458,57 @@ impl OpBlock {
                 }
             }
         }
-        self.shared().pending.leave(self.generation);
+        if let Some(tracker) = &self.shared().tracker {
+            tracker.remove(self);
+        }
+        self.shared().room.leave();
+        self.shared().pending.leave(self.flags & GENERATION);
         // The run's share of `refs`. Our caller (the future or the lease)
         // still holds the task, so this cannot free the block.
         // SAFETY: counted out once, here.
         unsafe { Self::unref(self) };
+    }
+
+    /// The op's variables all granted it: dispatch it, or first get its
+    /// units from the broker (which may park it until they are free).
+    #[inline]
+    fn ready(&self, runner: Runner) {
+        let Some(r) = self.resources() else {
+            return self.shared().dispatch(runner, false);
+        };
+        let broker = &self.shared().broker;
+        if self.blocked_by().is_some() {
+            // It will be skipped: it needs no units, and younger requests
+            // must not wait for its tickets.
+            crate::resource::dispatch(broker.retire(&r.demands));
+            self.shared().dispatch(runner, false);
+        } else {
+            crate::resource::dispatch(broker.request(runner));
+        }
+    }
+
+    /// Gives back the op's units, except those it hands on to its outputs
+    /// (only if it succeeded), and dispatches what that makes fit. Called
+    /// while the op still holds its write grants: the outputs are ours.
+    fn return_units(&self, r: &OpResources) {
+        let all = r.demands.iter().map(|d| (d.pool, d.amount));
+        if r.lasting.is_empty() || r.failed() {
+            return crate::resource::dispatch(self.shared().broker.release(all));
+        }
+        let mut returns: Vec<(usize, u64)> = all.collect();
+        {
+            for l in &r.lasting {
+                let resource = &r.resources[l.demand];
+                let var = &self.edges()[l.edge].var;
+                returns[l.demand].1 -= l.amount;
+                // SAFETY: the op holds the write grant on `var` (allocations
+                // go to mutated variables only; checked at push).
+                if let Some(old) = unsafe { var.hold_units(resource, l.amount) } {
+                    returns.push((resource.inner.pool, old));
+                }
+            }
+        }
+        crate::resource::dispatch(self.shared().broker.release(returns));
     }
 
     /// Marks an async op as having leased its `OpCtx`: from now on the
@@ -435,7 +520,7 @@ impl OpBlock {
 
 impl Drop for OpBlock {
     fn drop(&mut self) {
-        if self.name_owned
+        if self.name_owned()
             && let Some(name) = self.name.take()
         {
             // SAFETY: an owned name was leaked from a `Box<str>` in `new`, and
@@ -449,7 +534,7 @@ impl Owner for OpBlock {
     #[inline]
     fn grant(&self) {
         if let Some(runner) = self.trigger.release() {
-            self.shared().dispatch(runner, false);
+            self.ready(runner);
         }
     }
 
@@ -517,6 +602,13 @@ fn schedule(runner: Runner, info: async_task::ScheduleInfo) {
     // state is alive (see "Lifetimes" above); the pointer is read before
     // `runner` moves into the dispatch.
     unsafe { (*shared).dispatch(runner, info.woken_while_running) };
+}
+
+/// Hands a ready op to its device's executor.
+pub(crate) fn dispatch(runner: Runner) {
+    let shared: *const Shared = runner.metadata().shared();
+    // SAFETY: as in `schedule`: the op is pending, so its engine is alive.
+    unsafe { (*shared).dispatch(runner, false) };
 }
 
 /// Why an op did not run.

@@ -57,6 +57,13 @@ impl<R> Trigger<R> {
     }
 }
 
+impl<R> Trigger<R> {
+    /// Dependencies (and guard) not released yet; a snapshot, for reports.
+    pub fn pending(&self) -> u32 {
+        self.pending.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 impl<R> std::fmt::Debug for Trigger<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trigger")
