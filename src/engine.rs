@@ -645,7 +645,9 @@ impl Engine {
         }
         let key = var.key();
         let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
-            if let Some(value) = ctx.delete(key)? {
+            // The units go back after `f` recycled the value (or unwound).
+            let (value, _units) = ctx.delete(key)?;
+            if let Some(value) = value {
                 f(value);
             }
             Ok(())

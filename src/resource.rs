@@ -137,6 +137,18 @@ impl fmt::Debug for Resource {
     }
 }
 
+/// Units a deleted variable held: they go back when this is dropped, after
+/// the variable's value has been recycled or freed.
+pub(crate) struct HeldUnits(pub(crate) Vec<(Resource, u64)>);
+
+impl Drop for HeldUnits {
+    fn drop(&mut self) {
+        for (resource, units) in self.0.drain(..) {
+            resource.give_back(units);
+        }
+    }
+}
+
 /// Units an op hands on to one of its mutated variables.
 pub(crate) struct Lasting {
     /// Index into the op's `demands`.

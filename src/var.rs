@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::chain::Chain;
 use crate::error::OpFailure;
 use crate::op::OpBlock;
-use crate::resource::Resource;
+use crate::resource::{HeldUnits, Resource};
 use crate::sync::UnsafeCell;
 
 /// Variable ids are unique across all engines of the process, so that a
@@ -186,28 +186,28 @@ impl VarCore {
         })
     }
 
-    /// Gives back every unit the variable holds (it is being deleted).
+    /// Takes every unit the variable holds (it is being deleted); they go
+    /// back when the returned guard is dropped.
     ///
     /// # Safety
     ///
     /// As for [`hold_units`](Self::hold_units).
-    pub(crate) unsafe fn give_back_units(&self) {
+    pub(crate) unsafe fn take_units(&self) -> HeldUnits {
         // SAFETY: a granted write is exclusive.
-        let held = self
-            .chain
-            .payload()
-            .held
-            .with_mut(|held| std::mem::take(unsafe { &mut *held }));
-        for (resource, units) in held {
-            resource.give_back(units);
-        }
+        HeldUnits(
+            self.chain
+                .payload()
+                .held
+                .with_mut(|held| std::mem::take(unsafe { &mut *held })),
+        )
     }
 }
 
 impl Drop for VarCore {
     fn drop(&mut self) {
-        // SAFETY: `&mut self`: nothing else can reach the variable.
-        unsafe { self.give_back_units() };
+        // SAFETY: `&mut self`: nothing else can reach the variable. (Its value,
+        // if any, was dropped before: see `VarInner`'s `Drop`.)
+        drop(unsafe { self.take_units() });
         // Every op holds its variables, so a variable dies only after the last
         // op on it has left its chain.
         debug_assert!(
@@ -241,6 +241,14 @@ struct VarInner<T> {
 unsafe impl<T: Send + Sync> Sync for VarInner<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send + Sync> Send for VarInner<T> {}
+
+impl<T> Drop for VarInner<T> {
+    fn drop(&mut self) {
+        // The value first: the units the variable holds (dropped with the
+        // core) stand for its memory, so they go back only once it is freed.
+        drop(self.value.get_mut().take());
+    }
+}
 
 /// Drops one strong reference to an `Arc<VarInner<T>>` given its core.
 ///

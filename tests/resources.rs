@@ -331,6 +331,41 @@ fn allocated_units_follow_their_variable() {
     assert_eq!(mem.in_use(), 0);
 }
 
+/// A deleted variable's units go back only after its value was recycled:
+/// the op waiting for them never sees capacity + 1 buffers.
+#[test]
+fn units_come_back_after_the_delete_callback() {
+    use std::sync::atomic::AtomicBool;
+    for (name, engine) in engines() {
+        let mem = engine.new_resource("buffers", 1);
+        let (old, new) = (engine.new_var(), engine.new_var());
+        let recycled = Arc::new(AtomicBool::new(false));
+        let ok = |_: &depflow::OpCtx| Ok::<_, Error>(());
+        engine
+            .op()
+            .mutates(&[&old])
+            .allocates(&mem, 1, &old)
+            .run(ok)
+            .unwrap();
+        let r = recycled.clone();
+        engine
+            .delete_var(&old, move |()| {
+                std::thread::sleep(Duration::from_millis(20));
+                r.store(true, SeqCst);
+            })
+            .unwrap();
+        let r = recycled.clone();
+        let next = engine
+            .op()
+            .priority(1)
+            .mutates(&[&new])
+            .allocates(&mem, 1, &new)
+            .run(move |_| Ok::<_, Error>(r.load(SeqCst)))
+            .unwrap();
+        assert!(within(10, move || next.wait().unwrap()), "{name}");
+    }
+}
+
 /// A skipped op (poisoned input) takes no units and does not hold up
 /// younger allocations on the same resource.
 #[test]

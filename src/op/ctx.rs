@@ -13,6 +13,7 @@ use std::task::Waker;
 use super::{OpBlock, OpEdge};
 use crate::error::Error;
 use crate::exec::Device;
+use crate::resource::HeldUnits;
 use crate::var::{VarKey, VarState};
 
 /// Borrow counters kept inline for this many variables; more spill to the heap.
@@ -182,20 +183,21 @@ impl OpCtx {
     }
 
     /// Deletes the variable `key` names: marks it deleted and takes its
-    /// value. The op declared it as mutated, and the body does not borrow it.
-    pub(crate) fn delete<T>(&self, key: VarKey<T>) -> Result<Option<T>, Error>
+    /// value and the resource units it holds (to give back once the value is
+    /// recycled). The op declared it as mutated, and the body does not
+    /// borrow it.
+    pub(crate) fn delete<T>(&self, key: VarKey<T>) -> Result<(Option<T>, HeldUnits), Error>
     where
         T: Send + Sync + 'static,
     {
         let (_, count, edge) = self.claim(key)?;
         // SAFETY: as in `write`: the write grant and the exclusive borrow.
-        let value = unsafe {
+        let taken = unsafe {
             edge.var.set_state(VarState::Deleted);
-            edge.var.give_back_units();
-            (*edge.var.value::<T>().get()).take()
+            ((*edge.var.value::<T>().get()).take(), edge.var.take_units())
         };
         count.store(0, Ordering::Release);
-        Ok(value)
+        Ok(taken)
     }
 
     /// Clears the poison of the variable `key` names (declared as mutated).
