@@ -156,6 +156,10 @@ struct Pool {
 impl Pool {
     fn mark(&mut self, ticket: u64) {
         debug_assert!(ticket >= self.base, "ticket {ticket} granted twice");
+        if ticket == self.base && self.granted.is_empty() {
+            self.base += 1; // granted in order: the common case
+            return;
+        }
         let i = (ticket - self.base) as usize;
         if self.granted.len() <= i {
             self.granted.resize(i + 1, false);

@@ -161,9 +161,9 @@ pub(crate) struct Lasting {
 /// What an op with resource demands carries.
 pub(crate) struct OpResources {
     /// One per resource, tickets filled in at push (under the push lock).
-    pub(crate) demands: Vec<Demand>,
+    pub(crate) demands: Few<Demand>,
     /// The resource of each demand.
-    pub(crate) resources: Vec<Resource>,
+    pub(crate) resources: Few<Resource>,
     pub(crate) lasting: Vec<Lasting>,
     /// The units were granted (set before the op is dispatched).
     held: AtomicBool,
@@ -174,8 +174,8 @@ pub(crate) struct OpResources {
 impl OpResources {
     pub(crate) fn new() -> Self {
         Self {
-            demands: Vec::new(),
-            resources: Vec::new(),
+            demands: Few::default(),
+            resources: Few::default(),
             lasting: Vec::new(),
             held: AtomicBool::new(false),
             failed: AtomicBool::new(false),
@@ -195,9 +195,10 @@ impl OpResources {
                 self.resources.len() - 1
             }
         };
-        self.demands[i].amount += amount;
+        let demand = &mut self.demands.as_mut_slice()[i];
+        demand.amount += amount;
         if let Some(edge) = allocation {
-            self.demands[i].lasting = true;
+            demand.lasting = true;
             self.lasting.push(Lasting {
                 demand: i,
                 amount,
@@ -259,6 +260,71 @@ impl OpResources {
 
     pub(crate) fn failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// A list stored inline while it has at most one element: most ops need
+/// one resource, and an allocation per list would double their cost.
+pub(crate) enum Few<T> {
+    One(Option<T>),
+    Many(Vec<T>),
+}
+
+impl<T> Default for Few<T> {
+    fn default() -> Self {
+        Few::One(None)
+    }
+}
+
+impl<T> Few<T> {
+    pub(crate) fn push(&mut self, value: T) {
+        match self {
+            Few::One(slot @ None) => *slot = Some(value),
+            Few::One(Some(_)) => {
+                let Few::One(Some(first)) = std::mem::replace(self, Few::Many(Vec::new())) else {
+                    unreachable!()
+                };
+                *self = Few::Many(vec![first, value]);
+            }
+            Few::Many(values) => values.push(value),
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[T] {
+        match self {
+            Few::One(one) => one.as_slice(),
+            Few::Many(values) => values,
+        }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        match self {
+            Few::One(one) => one.as_mut_slice(),
+            Few::Many(values) => values,
+        }
+    }
+
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.as_slice().iter()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Few<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<T> std::ops::Index<usize> for Few<T> {
+    type Output = T;
+    fn index(&self, i: usize) -> &T {
+        &self.as_slice()[i]
     }
 }
 

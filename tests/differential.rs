@@ -5,6 +5,13 @@
 //! op's outcome, every probe, and every variable's final value, state and
 //! version must equal what a serial replay of the program gives.
 //!
+//! Ops also take resource units: temporary ones from a pool all pushers
+//! share, and temporary or allocated (lasting) ones from a pool of their
+//! pusher, drawn so that the program fits when run serially (the engine's
+//! no-deadlock guarantee). The op bodies keep their own account of the units
+//! in use, which must never exceed a capacity, and the units still held at
+//! the end must be those the replay says live variables hold.
+//!
 //! `DEPFLOW_DIFF_PROGRAMS` sets the number of programs per executor (default
 //! 1000; CI runs the default).
 
@@ -16,10 +23,45 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
 use common::{Rng, engines, within};
-use depflow::{AnyVar, Engine, Error, Var};
+use depflow::{AnyVar, Engine, Error, Resource, Var};
 
 const VARS: usize = 24;
+/// Capacity of each pusher's own pool.
+const OWN_UNITS: u64 = 4;
+/// Capacity of the pool all pushers share (temporary units only).
+const SHARED_UNITS: u64 = 3;
+
+/// Units an op takes: temporary ones of the shared and of its own pool, and
+/// `alloc` units of its own pool handed on to its first mutated variable.
+#[derive(Clone, Copy, Debug, Default)]
+struct Units {
+    shared: u64,
+    own: u64,
+    alloc: u64,
+}
+
+/// The units in use per pool as the op bodies see them (see `Account` in
+/// tests/resources.rs: never above what the engine lets out), and what each
+/// variable holds of its pusher's pool.
+struct Ledger {
+    shared: AtomicI64,
+    own: Vec<AtomicI64>,
+    held: Mutex<Vec<u64>>,
+}
+
+impl Ledger {
+    fn take(pool: &AtomicI64, units: u64, capacity: u64) {
+        let now = pool.fetch_add(units as i64, SeqCst) + units as i64;
+        assert!(now <= capacity as i64, "{now} units in use of {capacity}");
+    }
+    fn give(pool: &AtomicI64, units: u64) {
+        pool.fetch_sub(units as i64, SeqCst);
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Body {
@@ -42,6 +84,7 @@ enum Step {
         body: Body,
         priority: i32,
         device: usize,
+        units: Units,
     },
     Delete(usize),
     /// Reads a variable's value through an op pushed at this point.
@@ -91,12 +134,16 @@ fn generate(
 ) -> Vec<Step> {
     let mut steps = Vec::with_capacity(len);
     let mut deleted = Vec::new();
+    // At most what each variable holds of the own pool, to keep the program
+    // fitting when run serially whichever ops fail.
+    let mut held = [0u64; VARS];
     for _ in 0..len {
         let pick = |rng: &mut Rng, from: &[usize]| from[rng.below(from.len() as u64) as usize];
         let roll = rng.below(100);
         if roll < 2 && vars.len() > deleted.len() + 2 {
             let v = pick(rng, vars);
             deleted.push(v);
+            held[v] = 0;
             steps.push(Step::Delete(v));
             continue;
         }
@@ -138,12 +185,28 @@ fn generate(
             0
         };
         let device = rng.below(devices as u64) as usize;
+        let mut units = Units::default();
+        if rng.below(3) == 0 {
+            let free = OWN_UNITS - held.iter().sum::<u64>();
+            units.shared = rng.below(SHARED_UNITS + 1);
+            units.own = rng.below(free + 1);
+            if let Some(&out) = mutates.first()
+                && !deleted.contains(&out)
+                && rng.below(2) == 0
+            {
+                units.alloc = rng.below(free - units.own + 1);
+                // A successful op replaces what `out` held; a failed or
+                // skipped one leaves it: count the larger.
+                held[out] = held[out].max(units.alloc);
+            }
+        }
         steps.push(Step::Op {
             reads,
             mutates,
             body,
             priority,
             device,
+            units,
         });
     }
     steps
@@ -172,6 +235,7 @@ fn replay(
     steps: &[Step],
     states: &mut BTreeMap<usize, State>,
     versions: &mut BTreeMap<usize, u64>,
+    held: &mut [u64],
 ) -> Vec<Outcome> {
     let mut outcomes = Vec::with_capacity(steps.len());
     for (i, step) in steps.iter().enumerate() {
@@ -182,6 +246,7 @@ fn replay(
                 } else {
                     states.insert(*v, State::Deleted);
                     *versions.get_mut(v).unwrap() += 1;
+                    held[*v] = 0;
                     Outcome::Done
                 }
             }
@@ -197,6 +262,7 @@ fn replay(
                 reads,
                 mutates,
                 body,
+                units,
                 ..
             } => {
                 let edges = edge_order(reads, mutates);
@@ -236,6 +302,9 @@ fn replay(
                     };
                     states.insert(*v, new);
                 }
+                if result.is_ok() && units.alloc > 0 {
+                    held[mutates[0]] = units.alloc;
+                }
                 match result {
                     Ok(()) => Outcome::Value(inputs),
                     Err(o) => o,
@@ -274,9 +343,50 @@ fn to_outcome<T>(r: Result<T, Error>, ok: impl FnOnce(T) -> Outcome) -> Outcome 
 
 type Pending = Box<dyn FnOnce() -> Outcome + Send>;
 
+/// A pusher's pools and the ledger, for its op bodies.
+#[derive(Clone)]
+struct Pools {
+    shared: Resource,
+    own: Resource,
+    pusher: usize,
+    ledger: Arc<Ledger>,
+}
+
+impl Pools {
+    /// The body of an op with `units` (allocated to `out`) starts.
+    fn start(&self, units: Units) {
+        Ledger::take(&self.ledger.shared, units.shared, SHARED_UNITS);
+        Ledger::take(
+            &self.ledger.own[self.pusher],
+            units.own + units.alloc,
+            OWN_UNITS,
+        );
+    }
+
+    /// It ends: temporary units go back; allocated ones replace what `out`
+    /// held, or go back too if the op failed.
+    fn end(&self, units: Units, out: Option<usize>, ok: bool) {
+        Ledger::give(&self.ledger.shared, units.shared);
+        let own = &self.ledger.own[self.pusher];
+        match out {
+            Some(v) if ok && units.alloc > 0 => {
+                let old = std::mem::replace(&mut self.ledger.held.lock().unwrap()[v], units.alloc);
+                Ledger::give(own, units.own + old);
+            }
+            _ => Ledger::give(own, units.own + units.alloc),
+        }
+    }
+}
+
 /// Pushes the program on the engine, in order, and returns how to collect
 /// each step's outcome.
-fn run(engine: &Engine, name: &str, steps: &[Step], vars: &[Var<u64>]) -> Vec<Pending> {
+fn run(
+    engine: &Engine,
+    name: &str,
+    steps: &[Step],
+    vars: &[Var<u64>],
+    pools: &Pools,
+) -> Vec<Pending> {
     let devices: Vec<_> = (0..3)
         .map(|d| match d {
             0 => engine.default_device(),
@@ -289,7 +399,11 @@ fn run(engine: &Engine, name: &str, steps: &[Step], vars: &[Var<u64>]) -> Vec<Pe
     for (i, step) in steps.iter().enumerate() {
         match step {
             Step::Delete(v) => {
-                let r = engine.delete_var(&vars[*v], |_| {});
+                let (pools, v) = (pools.clone(), *v);
+                let r = engine.delete_var(&vars[v], move |_| {
+                    let held = std::mem::take(&mut pools.ledger.held.lock().unwrap()[v]);
+                    Ledger::give(&pools.ledger.own[pools.pusher], held);
+                });
                 pending.push(Box::new(move || {
                     to_outcome(r.and_then(|h| h.wait()), |()| Outcome::Done)
                 }));
@@ -313,6 +427,7 @@ fn run(engine: &Engine, name: &str, steps: &[Step], vars: &[Var<u64>]) -> Vec<Pe
                 body,
                 priority,
                 device,
+                units,
             } => {
                 let r_vars: Vec<Var<u64>> = reads.iter().map(|&r| vars[r].clone()).collect();
                 let edges = edge_order(reads, mutates);
@@ -325,7 +440,9 @@ fn run(engine: &Engine, name: &str, steps: &[Step], vars: &[Var<u64>]) -> Vec<Pe
                     reads.iter().map(|&r| &vars[r] as &dyn AnyVar).collect();
                 let m_decl: Vec<&dyn AnyVar> =
                     mutates.iter().map(|&m| &vars[m] as &dyn AnyVar).collect();
+                let (units, out, p) = (*units, mutates.first().copied(), pools.clone());
                 let compute_all = move |ctx: &depflow::OpCtx| -> Result<u64, Error> {
+                    p.start(units);
                     let mut inputs = 0u64;
                     for r in &r_vars {
                         inputs = inputs.wrapping_add(*ctx.read(r)?);
@@ -334,7 +451,15 @@ fn run(engine: &Engine, name: &str, steps: &[Step], vars: &[Var<u64>]) -> Vec<Pe
                         let mut v = ctx.write(m)?;
                         *v = compute(i, k, *v, inputs);
                     }
+                    p.end(units, out, true);
                     Ok(inputs)
+                };
+                let failing = {
+                    let p = pools.clone();
+                    move || {
+                        p.start(units);
+                        p.end(units, out, false);
+                    }
                 };
                 let builder = engine
                     .op()
@@ -342,15 +467,25 @@ fn run(engine: &Engine, name: &str, steps: &[Step], vars: &[Var<u64>]) -> Vec<Pe
                     .priority(*priority)
                     .on(devices[*device % devices.len()])
                     .reads(&r_decl)
-                    .mutates(&m_decl);
+                    .mutates(&m_decl)
+                    .uses(&pools.shared, units.shared)
+                    .uses(&pools.own, units.own);
+                let builder = match out {
+                    Some(v) if units.alloc > 0 => {
+                        builder.allocates(&pools.own, units.alloc, &vars[v])
+                    }
+                    _ => builder,
+                };
                 let r = match body.clone() {
                     Body::Compute => builder.run(compute_all),
-                    Body::Fail => {
-                        builder.run(|_| -> Result<u64, String> { Err("planned failure".into()) })
-                    }
-                    Body::Panic => {
-                        builder.run(|_| -> Result<u64, Error> { panic!("planned panic") })
-                    }
+                    Body::Fail => builder.run(move |_| -> Result<u64, String> {
+                        failing();
+                        Err("planned failure".into())
+                    }),
+                    Body::Panic => builder.run(move |_| -> Result<u64, Error> {
+                        failing();
+                        panic!("planned panic")
+                    }),
                     Body::Sleep(us) => builder.run(move |ctx| {
                         std::thread::sleep(Duration::from_micros(us));
                         compute_all(ctx)
@@ -411,6 +546,21 @@ fn check_program(engine: &Engine, seed: u64, pushers: usize) {
         .collect();
     let mut versions: BTreeMap<usize, u64> = (0..VARS).map(|i| (i, 0)).collect();
     let len = 20 + rng.below(100) as usize;
+    let mut held = vec![0u64; VARS];
+    let ledger = Arc::new(Ledger {
+        shared: AtomicI64::new(0),
+        own: (0..pushers).map(|_| AtomicI64::new(0)).collect(),
+        held: Mutex::new(vec![0; VARS]),
+    });
+    let shared_pool = engine.new_resource("shared", SHARED_UNITS);
+    let pools: Vec<Pools> = (0..pushers)
+        .map(|t| Pools {
+            shared: shared_pool.clone(),
+            own: engine.new_resource(format!("own {t}"), OWN_UNITS),
+            pusher: t,
+            ledger: ledger.clone(),
+        })
+        .collect();
     let programs: Vec<(String, Vec<Step>, Vec<Outcome>)> = (0..pushers)
         .map(|t| {
             let own: Vec<usize> = (t * per..(t + 1) * per).collect();
@@ -420,16 +570,17 @@ fn check_program(engine: &Engine, seed: u64, pushers: usize) {
                 steps.retain(|s| !matches!(s, Step::Delete(v) | Step::Probe(v) | Step::Wait(v) if shared.contains(v)));
             }
             let name = format!("t{t}op");
-            let expected = replay(&name, &steps, &mut initial, &mut versions);
+            let expected = replay(&name, &steps, &mut initial, &mut versions, &mut held);
             (name, steps, expected)
         })
         .collect();
     let results: Vec<Vec<Outcome>> = std::thread::scope(|s| {
         let handles: Vec<_> = programs
             .iter()
-            .map(|(name, steps, _)| {
+            .zip(&pools)
+            .map(|((name, steps, _), pools)| {
                 let vars = &vars;
-                s.spawn(move || run(engine, name, steps, vars))
+                s.spawn(move || run(engine, name, steps, vars, pools))
             })
             .collect();
         let pending: Vec<Vec<Pending>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
@@ -456,6 +607,11 @@ fn check_program(engine: &Engine, seed: u64, pushers: usize) {
         );
     }
     let _ = engine.wait_all().wait();
+    assert_eq!(shared_pool.in_use(), 0, "seed {seed}: shared units left");
+    for (t, pools) in pools.iter().enumerate() {
+        let own: u64 = (t * per..(t + 1) * per).map(|v| held[v]).sum();
+        assert_eq!(pools.own.in_use(), own, "seed {seed}: units of pusher {t}");
+    }
 }
 
 fn programs() -> u64 {

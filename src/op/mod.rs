@@ -480,7 +480,7 @@ impl OpBlock {
         if self.blocked_by().is_some() {
             // It will be skipped: it needs no units, and younger requests
             // must not wait for its tickets.
-            crate::resource::dispatch(broker.retire(&r.demands));
+            crate::resource::dispatch(broker.retire(r.demands.as_slice()));
             self.shared().dispatch(runner, false);
         } else {
             crate::resource::dispatch(broker.request(runner));
