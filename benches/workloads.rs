@@ -4,6 +4,11 @@
 //! count. Every run carries real values (each variable a `u64`) and checks
 //! them against a serial replay.
 //!
+//! One more, not in `WORKLOADS.md`: `round_robin_quota` is `round_robin` with
+//! every op also taking 1 unit of a resource of capacity 64 (made, like the
+//! variables, before the clock starts). The resource changes no value, so it
+//! is checked against the same replay, and also that every unit came back.
+//!
 //! ```text
 //! cargo bench --bench workloads -- [--json] [--quick] [--threads 1,2]
 //!     [--runs 5] [--workloads chain,fanout] [--bodies empty,spin1000]
@@ -14,11 +19,16 @@
 //! measures, per workload shape, the producer's cost per push alone and the
 //! memory held per pending op: one op holds every variable, N ops are pushed
 //! behind it, and the pushing time and growth of the resident set are divided
-//! by N.
+//! by N. For `round_robin_quota` the pending ops carry their resource
+//! demand but hold no units: ops ask for units only once their variables
+//! grant them.
 
 use std::time::{Duration, Instant};
 
-use depflow::{AnyVar, Engine, Error, Var};
+use depflow::{AnyVar, Engine, Error, OpBuilder, OpCtx, OpHandle, Resource, Var};
+
+/// Units of the resource of `round_robin_quota`.
+const QUOTA_CAPACITY: u64 = 64;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Body {
@@ -57,6 +67,8 @@ struct Program {
     name: &'static str,
     vars: usize,
     ops: Vec<OpSpec>,
+    /// Every op also takes 1 unit of a resource of `QUOTA_CAPACITY` units.
+    quota: bool,
 }
 
 fn splitmix(s: &mut u64) -> u64 {
@@ -97,11 +109,13 @@ fn programs(scale: usize) -> Vec<Program> {
         name: "chain",
         vars: 1,
         ops: (0..n).map(|_| op(&[], 0)).collect(),
+        quota: false,
     };
-    let round_robin = Program {
-        name: "round_robin",
+    let round_robin = |name, quota| Program {
+        name,
         vars: 1024,
         ops: (0..n).map(|i| op(&[], (i % 1024) as u32)).collect(),
+        quota,
     };
     // Variable 0 is A, 1..=64 are B_0..B_63.
     let mut fanout = Vec::with_capacity(n);
@@ -113,6 +127,7 @@ fn programs(scale: usize) -> Vec<Program> {
         name: "fanout",
         vars: 65,
         ops: fanout,
+        quota: false,
     };
     // Copy c has A, B, C, D at 4c..4c+4.
     let mut seed4 = Vec::with_capacity(n);
@@ -125,6 +140,7 @@ fn programs(scale: usize) -> Vec<Program> {
         name: "seed4",
         vars: 256,
         ops: seed4,
+        quota: false,
     };
     let mut s = 42u64;
     let random_dag = Program {
@@ -138,8 +154,16 @@ fn programs(scale: usize) -> Vec<Program> {
                 op(&[r0, r1], w)
             })
             .collect(),
+        quota: false,
     };
-    vec![chain, round_robin, fanout, seed4, random_dag]
+    vec![
+        chain,
+        round_robin("round_robin", false),
+        round_robin("round_robin_quota", true),
+        fanout,
+        seed4,
+        random_dag,
+    ]
 }
 
 /// The values a serial run of `program` leaves.
@@ -160,42 +184,74 @@ fn reference(program: &Program) -> Vec<u64> {
     vals
 }
 
+/// Runs `b` as `Engine::push` does, with 1 unit of `quota` if there is one.
+/// (Each arm calls `run` itself: merging the two builders first costs the
+/// plain workloads a copy of the builder per push.)
+fn run<F>(b: OpBuilder<'_>, quota: Option<&Resource>, f: F) -> Result<OpHandle<()>, Error>
+where
+    F: FnOnce(&OpCtx) -> Result<(), Error> + Send + 'static,
+{
+    match quota {
+        Some(q) => b.uses(q, 1).run(f),
+        None => b.run(f),
+    }
+}
+
 /// Pushes one op of the program. Closures capture `Copy` keys, not handles.
-fn push(engine: &Engine, vars: &[Var<u64>], i: usize, op: OpSpec, body: Body) {
+fn push(
+    engine: &Engine,
+    vars: &[Var<u64>],
+    quota: Option<&Resource>,
+    i: usize,
+    op: OpSpec,
+    body: Body,
+) {
     let w = &vars[op.write as usize];
     let wk = w.key();
     let i = i as u64;
     let result = match op.nreads {
-        0 => engine.push(&[], &[w], move |ctx| -> Result<(), Error> {
-            let mut v = ctx.write(wk)?;
-            *v = step(i, *v, 0, 0);
-            drop(v);
-            body.run();
-            Ok(())
-        }),
-        1 => {
-            let r0 = &vars[op.reads[0] as usize];
-            let rk = r0.key();
-            engine.push(&[r0], &[w], move |ctx| -> Result<(), Error> {
-                let a = *ctx.read(rk)?;
+        0 => run(
+            engine.op().mutates(&[w]),
+            quota,
+            move |ctx| -> Result<(), Error> {
                 let mut v = ctx.write(wk)?;
-                *v = step(i, *v, a, 0);
+                *v = step(i, *v, 0, 0);
                 drop(v);
                 body.run();
                 Ok(())
-            })
+            },
+        ),
+        1 => {
+            let r0 = &vars[op.reads[0] as usize];
+            let rk = r0.key();
+            run(
+                engine.op().reads(&[r0]).mutates(&[w]),
+                quota,
+                move |ctx| -> Result<(), Error> {
+                    let a = *ctx.read(rk)?;
+                    let mut v = ctx.write(wk)?;
+                    *v = step(i, *v, a, 0);
+                    drop(v);
+                    body.run();
+                    Ok(())
+                },
+            )
         }
         _ => {
             let (r0, r1) = (&vars[op.reads[0] as usize], &vars[op.reads[1] as usize]);
             let (rk0, rk1) = (r0.key(), r1.key());
-            engine.push(&[r0, r1], &[w], move |ctx| -> Result<(), Error> {
-                let (a, b) = (*ctx.read(rk0)?, *ctx.read(rk1)?);
-                let mut v = ctx.write(wk)?;
-                *v = step(i, *v, a, b);
-                drop(v);
-                body.run();
-                Ok(())
-            })
+            run(
+                engine.op().reads(&[r0, r1]).mutates(&[w]),
+                quota,
+                move |ctx| -> Result<(), Error> {
+                    let (a, b) = (*ctx.read(rk0)?, *ctx.read(rk1)?);
+                    let mut v = ctx.write(wk)?;
+                    *v = step(i, *v, a, b);
+                    drop(v);
+                    body.run();
+                    Ok(())
+                },
+            )
         }
     };
     drop(result.expect("push failed"));
@@ -216,6 +272,18 @@ fn values(engine: &Engine, vars: &[Var<u64>]) -> Vec<u64> {
     handles.into_iter().map(|h| h.wait().unwrap()).collect()
 }
 
+/// The resource of a program whose ops take units, if any.
+fn new_quota(engine: &Engine, program: &Program) -> Option<Resource> {
+    program
+        .quota
+        .then(|| engine.new_resource("quota", QUOTA_CAPACITY))
+}
+
+/// Whether every unit came back once the ops finished.
+fn units_back(quota: Option<&Resource>) -> bool {
+    quota.is_none_or(|q| q.in_use() == 0)
+}
+
 struct Run {
     wall: Duration,
     ok: bool,
@@ -224,13 +292,14 @@ struct Run {
 fn run_once(program: &Program, body: Body, threads: usize, expected: &[u64]) -> Run {
     let engine = Engine::builder().threads(threads).build().unwrap();
     let vars: Vec<Var<u64>> = (0..program.vars).map(|_| engine.var(0u64)).collect();
+    let quota = new_quota(&engine, program);
     let start = Instant::now();
     for (i, op) in program.ops.iter().enumerate() {
-        push(&engine, &vars, i, *op, body);
+        push(&engine, &vars, quota.as_ref(), i, *op, body);
     }
     engine.wait_all().wait().expect("an op failed");
     let wall = start.elapsed();
-    let ok = values(&engine, &vars) == expected;
+    let ok = values(&engine, &vars) == expected && units_back(quota.as_ref());
     Run { wall, ok }
 }
 
@@ -239,6 +308,7 @@ fn run_once(program: &Program, body: Body, threads: usize, expected: &[u64]) -> 
 fn pending_cost(program: &Program, expected: &[u64]) -> (f64, f64, bool) {
     let engine = Engine::builder().threads(1).build().unwrap();
     let vars: Vec<Var<u64>> = (0..program.vars).map(|_| engine.var(0u64)).collect();
+    let quota = new_quota(&engine, program);
     let (release, gate) = std::sync::mpsc::channel::<()>();
     let all: Vec<&dyn AnyVar> = vars.iter().map(|v| v as &dyn AnyVar).collect();
     let blocker = engine
@@ -251,14 +321,14 @@ fn pending_cost(program: &Program, expected: &[u64]) -> (f64, f64, bool) {
     let before = resident_bytes();
     let start = Instant::now();
     for (i, op) in program.ops.iter().enumerate() {
-        push(&engine, &vars, i, *op, Body::Empty);
+        push(&engine, &vars, quota.as_ref(), i, *op, Body::Empty);
     }
     let pushing = start.elapsed();
     let after = resident_bytes();
     release.send(()).unwrap();
     blocker.wait().unwrap();
     engine.wait_all().wait().unwrap();
-    let ok = values(&engine, &vars) == expected;
+    let ok = values(&engine, &vars) == expected && units_back(quota.as_ref());
     let n = program.ops.len() as f64;
     (
         pushing.as_nanos() as f64 / n,
@@ -385,7 +455,7 @@ fn main() {
         .collect();
     if !args.json {
         println!(
-            "{:<12} {:<10} {:>3} {:>12} {:>10} {:>6}",
+            "{:<17} {:<10} {:>3} {:>12} {:>10} {:>6}",
             "workload", "body", "T", "ns/op", "efficiency", "check"
         );
     }
@@ -415,7 +485,7 @@ fn main() {
                 } else {
                     let eff = efficiency.map_or("-".to_string(), |e| format!("{e:.3}"));
                     println!(
-                        "{:<12} {:<10} {:>3} {:>12.1} {:>10} {:>6}",
+                        "{:<17} {:<10} {:>3} {:>12.1} {:>10} {:>6}",
                         program.name,
                         body.name(),
                         threads,
@@ -442,7 +512,7 @@ fn main() {
                 );
             } else {
                 println!(
-                    "{:<12} push alone {push_ns:.1} ns/op, {bytes:.1} bytes per pending op, check {check}",
+                    "{:<17} push alone {push_ns:.1} ns/op, {bytes:.1} bytes per pending op, check {check}",
                     program.name
                 );
             }
