@@ -610,7 +610,8 @@ impl Engine {
     /// `f` receives the variable's value (`()` for a plain variable), to
     /// recycle it. Pushing on the variable afterwards is an error.
     ///
-    /// The deletion runs even if the variable is poisoned.
+    /// The deletion runs even if the variable is poisoned. Resource units the
+    /// variable holds ([`OpBuilder::allocates`]) go back once `f` returns.
     ///
     /// # Errors
     ///
