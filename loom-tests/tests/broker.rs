@@ -81,6 +81,11 @@ impl World {
         self.run(self.broker.release(returns.iter().copied()), after);
     }
 
+    /// Asks for `r`'s units and runs whatever that grants.
+    fn request(&self, r: Req, after: &dyn Fn(&World, &Req)) {
+        self.run(self.broker.request(r), after);
+    }
+
     fn ran(&self, id: usize) -> usize {
         self.ran[id].load(Acquire)
     }
@@ -139,7 +144,7 @@ fn release_races_a_new_request() {
             // Whichever thread grants request 1 runs it; it keeps its unit.
             move || world.release(&[(0, 2)], &|_, _| {})
         });
-        world.run(world.broker.request(req(1, &[(0, 1, true, 1)])), &|_, _| {});
+        world.request(req(1, &[(0, 1, true, 1)]), &|_, _| {});
         releaser.join().unwrap();
         assert_eq!(world.ran(1), 1);
         assert_eq!(
@@ -200,8 +205,8 @@ fn seed_003_completes_with_the_next_micro_batch() {
     fn after(world: &World, r: &Req) {
         match r.id {
             // The compute op's inputs are ready once its movement ran.
-            M1 => world.run(world.broker.request(req(O1, &[(0, 3, false, 2)])), &after),
-            M2 => world.run(world.broker.request(req(O2, &[(0, 2, false, 3)])), &after),
+            M1 => world.request(req(O1, &[(0, 3, false, 2)]), &after),
+            M2 => world.request(req(O2, &[(0, 2, false, 3)]), &after),
             // Compute done: its temporary units, then its input buffer.
             O1 => world.release(&[(0, 3), (0, 1)], &after),
             O2 => world.release(&[(0, 2), (0, 2)], &after),
@@ -212,14 +217,14 @@ fn seed_003_completes_with_the_next_micro_batch() {
         let world = World::new(&[5], 6);
         let first = thread::spawn({
             let world = world.clone();
-            move || world.run(world.broker.request(req(M1, &[(0, 1, true, 0)])), &after)
+            move || world.request(req(M1, &[(0, 1, true, 0)]), &after)
         });
         let second = thread::spawn({
             let world = world.clone();
-            move || world.run(world.broker.request(req(M2, &[(0, 2, true, 1)])), &after)
+            move || world.request(req(M2, &[(0, 2, true, 1)]), &after)
         });
-        world.run(world.broker.request(req(M1B, &[(0, 1, true, 4)])), &after);
-        world.run(world.broker.request(req(M2B, &[(0, 2, true, 5)])), &after);
+        world.request(req(M1B, &[(0, 1, true, 4)]), &after);
+        world.request(req(M2B, &[(0, 2, true, 5)]), &after);
         first.join().unwrap();
         second.join().unwrap();
         for id in 0..6 {
