@@ -41,6 +41,7 @@ use crate::op::{
 use crate::pending::Pending;
 use crate::resource::{OpBroker, OpResources, Resource};
 use crate::room::Room;
+use crate::stream::Lane;
 use crate::sync::Mutex;
 use crate::var::{AnyVar, Var, VarCore};
 use std::collections::HashSet;
@@ -69,6 +70,8 @@ pub(crate) struct Shared {
     pub(crate) broker: Arc<OpBroker>,
     pub(crate) room: Room,
     pub(crate) tracker: Option<Tracker>,
+    /// Some device is a stream device: ops must mind the variables' fences.
+    pub(crate) has_streams: bool,
 }
 
 struct DeviceSlot {
@@ -92,6 +95,12 @@ impl Shared {
     pub(crate) fn dispatch(&self, runner: Runner, yielded: bool) {
         let device = runner.metadata().device() as usize;
         self.devices[device].queue.schedule(runner, yielded);
+    }
+
+    /// The stream device with this index, if it is one.
+    #[inline]
+    pub(crate) fn streams(&self, device: u16) -> Option<&crate::stream::StreamExec> {
+        self.devices[usize::from(device)].queue.streams()
     }
 
     pub(crate) fn record_failure(&self, failure: Arc<OpFailure>) {
@@ -310,20 +319,27 @@ impl EngineBuilder {
             if devices.iter().any(|d: &DeviceSlot| &d.name == name) {
                 return Err(Error::Config(format!("device `{name}` is defined twice")));
             }
+            if devices.is_empty() && matches!(executor.0, crate::exec::Kind::Streams(_)) {
+                return Err(Error::Config(format!(
+                    "the default device `{name}` must run on the host (a stream device's ops enqueue work): add the stream device with `device`"
+                )));
+            }
             if let crate::exec::Kind::Pool(0) = executor.0 {
                 return Err(Error::Config(format!(
                     "device `{name}`: a pool needs at least one thread"
                 )));
             }
-            let queue = executor.build(name).map_err(|e| {
-                Error::Config(format!("device `{name}`: cannot spawn its threads: {e}"))
-            })?;
+            let queue = executor
+                .build(name, devices.len() as u16)
+                .map_err(|e| Error::Config(format!("device `{name}`: {e}")))?;
             devices.push(DeviceSlot {
                 name: name.clone(),
                 queue,
             });
         }
+        let has_streams = devices.iter().any(|d| d.queue.streams().is_some());
         let shared = Arc::new(Shared {
+            has_streams,
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             devices: devices.into_boxed_slice(),
             pending: Pending::default(),
@@ -512,6 +528,7 @@ impl Engine {
             name: None,
             priority: 0,
             device: None,
+            lane: None,
             resources: None,
             allocations: Vec::new(),
             invalid: None,
@@ -662,6 +679,7 @@ impl Engine {
             Mode::Maintenance,
             0,
             None,
+            None,
         )
     }
 
@@ -702,6 +720,7 @@ impl Engine {
             Some(Cow::Borrowed("clear_poison")),
             Mode::Maintenance,
             0,
+            None,
             None,
         )
     }
@@ -748,6 +767,7 @@ impl Engine {
                     Some(Cow::Borrowed("wait_for_var")),
                     Mode::Normal,
                     0,
+                    None,
                     None,
                 )
             });
@@ -908,6 +928,7 @@ impl Engine {
         mode: Mode,
         priority: i32,
         resources: Option<Box<OpResources>>,
+        lane: Option<u8>,
     ) -> Result<OpHandle<B::Output>, Error> {
         let shared = self.shared();
         let generation = shared.pending.enter();
@@ -917,7 +938,7 @@ impl Engine {
         }
         shared.room.enter();
         let block = OpBlock::new(
-            shared, device, priority, name, mode, generation, edges, resources,
+            shared, device, priority, name, mode, generation, edges, resources, lane,
         );
         Ok(OpHandle::new(OpBlock::spawn(block, body)))
     }
@@ -953,6 +974,7 @@ pub struct OpBuilder<'a> {
     name: Option<Cow<'static, str>>,
     priority: i32,
     device: Option<Device>,
+    lane: Option<Lane>,
     resources: Option<Box<OpResources>>,
     /// The variable of each lasting demand in `resources`, in order.
     allocations: Vec<&'a dyn AnyVar>,
@@ -1005,6 +1027,34 @@ impl<'a> OpBuilder<'a> {
     /// The device to run on (default: the engine's default device).
     pub fn on(mut self, device: Device) -> Self {
         self.device = Some(device);
+        self
+    }
+
+    /// The lane (stream) of a stream device the op's work goes to (default
+    /// [`Lane::Compute(0)`](Lane::Compute)); see [`stream`](crate::stream).
+    ///
+    /// # Errors
+    ///
+    /// Reported by `run`: [`Error::Stream`] if the device has no such lane
+    /// or is not a stream device.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, Executor, Lane};
+    ///
+    /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(1)).build()?;
+    /// let gpu = engine.device("gpu").unwrap();
+    /// let v = engine.new_var();
+    /// let lane = engine
+    ///     .op()
+    ///     .on(gpu)
+    ///     .lane(Lane::HostToDevice)
+    ///     .mutates(&[&v])
+    ///     .run(|ctx| Ok::<_, Error>(ctx.stream()?.lane()))?;
+    /// assert_eq!(lane.wait()?, Lane::HostToDevice);
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn lane(mut self, lane: Lane) -> Self {
+        self.lane = Some(lane);
         self
     }
 
@@ -1093,6 +1143,24 @@ impl<'a> OpBuilder<'a> {
         }
     }
 
+    /// The op's lane on a stream device (None elsewhere).
+    fn lane_index<B: Body>(&self, device: u16) -> Result<Option<u8>, Error> {
+        let lane = self.lane.unwrap_or_default();
+        match self.engine.shared().streams(device) {
+            None if self.lane.is_some() => Err(Error::Stream(format!(
+                "{lane:?} given for an op on a device without streams"
+            ))),
+            None => Ok(None),
+            Some(_) if !B::SYNC => Err(Error::Stream(
+                "an op on a stream device has a synchronous body (it enqueues work)".into(),
+            )),
+            Some(exec) => exec
+                .lane(lane)
+                .map(Some)
+                .ok_or_else(|| Error::Stream(format!("the device has no lane {lane:?}"))),
+        }
+    }
+
     fn device_index(&self) -> Result<u16, Error> {
         match self.device {
             None => Ok(0),
@@ -1156,6 +1224,7 @@ impl<'a> OpBuilder<'a> {
             }
             r.merge_lasting();
         }
+        let lane = self.lane_index::<B>(device)?;
         engine.launch(
             edges,
             body,
@@ -1164,6 +1233,7 @@ impl<'a> OpBuilder<'a> {
             Mode::Normal,
             self.priority,
             self.resources,
+            lane,
         )
     }
 }

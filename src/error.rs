@@ -57,6 +57,8 @@ pub(crate) enum FailureKind {
     Dropped,
     /// A variable the op touches was deleted before it ran.
     InputDeleted(VarId),
+    /// The op's device work failed (a CUDA error, or a host function's).
+    Device(String),
 }
 
 impl OpFailure {
@@ -89,6 +91,7 @@ impl OpFailure {
             FailureKind::Panic(msg) => format!("panicked: {msg}"),
             FailureKind::Dropped => "dropped by its executor before it finished".into(),
             FailureKind::InputDeleted(var) => format!("{var} was deleted before the op ran"),
+            FailureKind::Device(message) => format!("device error: {message}"),
         }
     }
 }
@@ -182,6 +185,10 @@ pub enum Error {
     ForeignResource(String),
     /// The engine could not be built as configured.
     Config(String),
+    /// A misuse of a stream device, or a call its device refused: a lane
+    /// the device does not have, an async body on a stream device,
+    /// [`OpCtx::stream`](crate::OpCtx::stream) off one, a failed enqueue.
+    Stream(String),
 }
 
 impl fmt::Display for Error {
@@ -217,6 +224,7 @@ impl fmt::Display for Error {
                 write!(f, "resource `{name}` belongs to another engine")
             }
             Error::Config(msg) => write!(f, "invalid engine configuration: {msg}"),
+            Error::Stream(msg) => write!(f, "stream device: {msg}"),
         }
     }
 }

@@ -84,10 +84,10 @@
 //! global order (see [`Engine`]'s module docs). The transitions are
 //! model-checked with loom (`loom-tests/`).
 //!
-//! `unsafe` code lives in three places, each block with a `SAFETY` comment:
+//! `unsafe` code lives in four places, each block with a `SAFETY` comment:
 //! the chains' pointer protocol (`src/chain.rs`), the type-erased variables
-//! (`src/var.rs`) and an op's lifetime and its access to variables
-//! (`src/op/`). Every other module denies `unsafe_code`.
+//! (`src/var.rs`), an op's lifetime and its access to variables
+//! (`src/op/`), and the CUDA driver calls (`src/stream/cuda.rs`). Every other module denies `unsafe_code`.
 
 #![warn(missing_docs)]
 #![doc(test(attr(deny(warnings))))]
@@ -103,6 +103,7 @@ mod op;
 mod pending;
 mod resource;
 mod room;
+pub mod stream;
 mod sync;
 mod var;
 
@@ -113,6 +114,7 @@ pub use exec::{Device, Executor, Job};
 pub use handle::{OpHandle, Wait};
 pub use op::ctx::{OpCtx, VarMut, VarRef};
 pub use resource::Resource;
+pub use stream::{Lane, Stream};
 pub use var::{AnyVar, Var, VarId, VarKey};
 
 /// The code in README.md, compiled and run as doctests.
@@ -131,4 +133,6 @@ pub mod __loom {
     pub use crate::op::trigger::Trigger;
     pub use crate::pending::{Pending, Signal};
     pub use crate::room::Room;
+    pub use crate::stream::fence::{Fence, VarFences};
+    pub use crate::stream::sim::SimEvent;
 }

@@ -169,6 +169,9 @@ pub(crate) struct OpResources {
     held: AtomicBool,
     /// The op failed: nothing is handed on.
     failed: AtomicBool,
+    /// On a stream device: the units to give back once the op's device
+    /// work is done (its outputs took theirs when the work was enqueued).
+    pub(crate) deferred: std::sync::Mutex<Returns>,
 }
 
 impl OpResources {
@@ -179,6 +182,7 @@ impl OpResources {
             lasting: Vec::new(),
             held: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            deferred: std::sync::Mutex::default(),
         }
     }
 
@@ -320,6 +324,17 @@ impl<'a, T> IntoIterator for &'a Few<T> {
         self.iter()
     }
 }
+
+impl<T> FromIterator<T> for Few<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        let mut few = Few::default();
+        iter.into_iter().for_each(|v| few.push(v));
+        few
+    }
+}
+
+/// Units to give back: (pool, amount) pairs.
+pub(crate) type Returns = Few<(usize, u64)>;
 
 impl<T> std::ops::Index<usize> for Few<T> {
     type Output = T;

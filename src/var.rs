@@ -24,6 +24,8 @@ use crate::chain::Chain;
 use crate::error::OpFailure;
 use crate::op::OpBlock;
 use crate::resource::{HeldUnits, Resource};
+use crate::stream::Event;
+use crate::stream::fence::VarFences;
 use crate::sync::UnsafeCell;
 
 /// Variable ids are unique across all engines of the process, so that a
@@ -89,6 +91,9 @@ pub(crate) struct Written {
     /// one entry per resource; touched only under the write grant or by
     /// `Drop`.
     held: UnsafeCell<Vec<(Resource, u64)>>,
+    /// Device work on the variable that host access must wait for (see
+    /// `stream::fence`); empty unless a stream device touched it.
+    pub(crate) fences: VarFences<Event>,
 }
 
 // SAFETY: `state` and `held` are accessed only under the chain's grants (see
@@ -103,6 +108,12 @@ impl VarCore {
     #[inline]
     pub(crate) fn engine(&self) -> u64 {
         self.engine
+    }
+
+    /// The device work the variable waits for.
+    #[inline]
+    pub(crate) fn fences(&self) -> &VarFences<Event> {
+        &self.chain.payload().fences
     }
 
     pub(crate) fn version(&self) -> u64 {
@@ -341,6 +352,7 @@ impl<T: Send + Sync + 'static> Var<T> {
                 version: AtomicU64::new(0),
                 state: UnsafeCell::new(VarState::Live),
                 held: UnsafeCell::new(Vec::new()),
+                fences: VarFences::default(),
             }),
         };
         Self {

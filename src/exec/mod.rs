@@ -9,10 +9,12 @@
 //!   usually inside `push` (MXNet's `NaiveEngine`, for debugging: same
 //!   results, no threads);
 //! - [`Executor::custom`]: hands each ready op, as a [`Job`], to a function of
-//!   yours, for example one that spawns it on a tokio or smol runtime.
+//!   yours, for example one that spawns it on a tokio or smol runtime;
+//! - [`Executor::cuda`] and [`Executor::simulated_gpu`]: a stream device,
+//!   whose ops enqueue work on streams and complete with it (see
+//!   [`stream`](crate::stream)).
 //!
-//! Every executor implements the crate-internal [`Queue`] trait; a GPU
-//! executor plugs in the same way.
+//! The CPU executors implement the crate-internal [`Queue`] trait.
 
 #![deny(unsafe_code)]
 
@@ -24,6 +26,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::op::Runner;
+use crate::stream::{Spec, StreamExec};
 
 pub(crate) use pool::Pool;
 
@@ -45,6 +48,7 @@ pub(crate) trait Queue: Send + Sync + fmt::Debug {
 #[derive(Debug)]
 pub(crate) enum Exec {
     Pool(Pool),
+    Stream(Box<StreamExec>),
     Other(Box<dyn Queue>),
 }
 
@@ -53,6 +57,7 @@ impl Exec {
     pub(crate) fn schedule(&self, runner: Runner, yielded: bool) {
         match self {
             Exec::Pool(pool) => pool.schedule(runner, yielded),
+            Exec::Stream(s) => s.launcher.schedule(runner, yielded),
             Exec::Other(queue) => queue.schedule(runner, yielded),
         }
     }
@@ -60,7 +65,17 @@ impl Exec {
     pub(crate) fn shutdown(&self) {
         match self {
             Exec::Pool(pool) => pool.shutdown(),
+            Exec::Stream(s) => s.shutdown(),
             Exec::Other(queue) => queue.shutdown(),
+        }
+    }
+
+    /// The stream device, if this is one.
+    #[inline]
+    pub(crate) fn streams(&self) -> Option<&StreamExec> {
+        match self {
+            Exec::Stream(s) => Some(s),
+            _ => None,
         }
     }
 }
@@ -86,6 +101,7 @@ pub(crate) enum Kind {
     Pool(usize),
     Inline,
     Custom(Arc<dyn Fn(Job) + Send + Sync>),
+    Streams(Spec),
 }
 
 impl Executor {
@@ -128,11 +144,38 @@ impl Executor {
         Executor(Kind::Custom(Arc::new(schedule)))
     }
 
-    pub(crate) fn build(&self, name: &str) -> std::io::Result<Exec> {
+    /// A simulated GPU with `compute_streams` compute streams and two copy
+    /// streams, each a host thread that runs what is enqueued on it in
+    /// order; events complete when their stream reaches them. It runs the
+    /// same launcher, event and completion code as [`Executor::cuda`], so
+    /// GPU programs can be tested (and their dependencies checked) on any
+    /// machine. See [`Stream`](crate::stream::Stream) for an example.
+    pub fn simulated_gpu(compute_streams: usize) -> Self {
+        Executor(Kind::Streams(Spec::Sim {
+            compute: compute_streams,
+        }))
+    }
+
+    /// CUDA device `ordinal`, with `compute_streams` compute streams and two
+    /// copy streams (see [`stream`](crate::stream)). Building the engine
+    /// fails with [`Error::Config`](crate::Error::Config) where there is no
+    /// such device; check [`cuda_device_count`](crate::stream::cuda_device_count)
+    /// first to fall back to CPU devices.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(ordinal: usize, compute_streams: usize) -> Self {
+        Executor(Kind::Streams(Spec::Cuda {
+            ordinal,
+            compute: compute_streams,
+        }))
+    }
+
+    pub(crate) fn build(&self, name: &str, index: u16) -> Result<Exec, String> {
+        let io = |e: std::io::Error| format!("cannot spawn its threads: {e}");
         Ok(match &self.0 {
-            Kind::Pool(threads) => Exec::Pool(Pool::new(name, *threads)?),
+            Kind::Pool(threads) => Exec::Pool(Pool::new(name, *threads).map_err(io)?),
             Kind::Inline => Exec::Other(Box::new(inline::Inline)),
             Kind::Custom(f) => Exec::Other(Box::new(custom::Custom(f.clone()))),
+            Kind::Streams(spec) => Exec::Stream(Box::new(StreamExec::new(name, index, spec)?)),
         })
     }
 }
@@ -143,6 +186,7 @@ impl fmt::Debug for Executor {
             Kind::Pool(n) => write!(f, "Executor::pool({n})"),
             Kind::Inline => f.write_str("Executor::inline()"),
             Kind::Custom(_) => f.write_str("Executor::custom(..)"),
+            Kind::Streams(spec) => write!(f, "Executor::{spec:?}"),
         }
     }
 }

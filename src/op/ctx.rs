@@ -14,6 +14,7 @@ use super::{OpBlock, OpEdge};
 use crate::error::Error;
 use crate::exec::Device;
 use crate::resource::HeldUnits;
+use crate::stream::Stream;
 use crate::var::{VarKey, VarState};
 
 /// Borrow counters kept inline for this many variables; more spill to the heap.
@@ -52,6 +53,9 @@ pub struct OpCtx {
     /// For a leased context: a waker of the op's task, keeping its allocation
     /// (and so `op`) alive for as long as the context lives.
     lease: Option<Waker>,
+    /// The op's stream on a stream device (null elsewhere); it outlives the
+    /// borrowed context, which lives within the body's call.
+    stream: *const Stream,
 }
 
 // SAFETY: `op` points to the `Sync` metadata of a task kept alive for the
@@ -84,11 +88,12 @@ impl Borrows {
 
 impl OpCtx {
     /// A context borrowed for one call of a synchronous body.
-    pub(crate) fn borrowed(op: &OpBlock) -> Self {
+    pub(crate) fn borrowed(op: &OpBlock, stream: Option<&Stream>) -> Self {
         Self {
             op,
             borrows: Borrows::new(op.edges().len()),
             lease: None,
+            stream: stream.map_or(std::ptr::null(), |s| s),
         }
     }
 
@@ -98,6 +103,7 @@ impl OpCtx {
             op,
             borrows: Borrows::new(op.edges().len()),
             lease: Some(anchor),
+            stream: std::ptr::null(),
         }
     }
 
@@ -234,6 +240,21 @@ impl OpCtx {
     /// The device the op runs on.
     pub fn device(&self) -> Device {
         Device::new(self.op().shared().id(), self.op().device())
+    }
+
+    /// The stream to enqueue the op's work on, for an op on a stream device
+    /// ([`Executor::cuda`](crate::Executor::cuda),
+    /// [`Executor::simulated_gpu`](crate::Executor::simulated_gpu)).
+    /// See [`Stream`] for an example.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stream`] if the op does not run on a stream device.
+    pub fn stream(&self) -> Result<&Stream, Error> {
+        // SAFETY: a non-null `stream` outlives this borrowed context (see the
+        // field).
+        unsafe { self.stream.as_ref() }
+            .ok_or_else(|| Error::Stream("the op does not run on a stream device".into()))
     }
 }
 

@@ -12,16 +12,22 @@ use std::task::{Context, Poll};
 use super::ctx::OpCtx;
 use super::{OpBlock, Skip};
 use crate::error::{BoxError, Error, FailureKind, OpFailure};
+use crate::stream::Stream;
 
 /// What an op runs once its dependencies are granted.
 pub(crate) trait Body: Send + 'static {
     type Output: Send + 'static;
+
+    /// Whether the body completes in one poll (a closure): only those run on
+    /// stream devices.
+    const SYNC: bool;
 
     /// Drives the op's work. Called only while the op holds every grant and
     /// none of its inputs is poisoned or deleted.
     fn poll_body(
         self: Pin<&mut Self>,
         op: &OpBlock,
+        stream: Option<&Stream>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::Output, BoxError>>;
 }
@@ -36,10 +42,12 @@ where
     E: Into<BoxError>,
 {
     type Output = T;
+    const SYNC: bool = true;
 
     fn poll_body(
         self: Pin<&mut Self>,
         op: &OpBlock,
+        stream: Option<&Stream>,
         _cx: &mut Context<'_>,
     ) -> Poll<Result<T, BoxError>> {
         // `SyncBody` is `Unpin`: it never pins its closure.
@@ -48,7 +56,7 @@ where
             .0
             .take()
             .expect("op body polled after it ran");
-        let ctx = OpCtx::borrowed(op);
+        let ctx = OpCtx::borrowed(op, stream);
         Poll::Ready(f(&ctx).map_err(Into::into))
     }
 }
@@ -78,10 +86,12 @@ where
     E: Into<BoxError>,
 {
     type Output = T;
+    const SYNC: bool = false;
 
     fn poll_body(
         self: Pin<&mut Self>,
         op: &OpBlock,
+        _stream: Option<&Stream>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<T, BoxError>> {
         // SAFETY: `fut` is structurally pinned: once set it is never moved
@@ -133,38 +143,26 @@ impl<B: Body> Future for OpFuture<B> {
         // the block, and is dropped before it.
         let op = unsafe { &*this.op };
 
-        if !this.started
-            && let Some(skip) = op.blocked_by()
-        {
-            this.finished = true;
-            return Poll::Ready(Err(match skip {
-                Skip::Poisoned(cause) => {
-                    op.finish(Some(cause.clone()), false);
-                    Error::Poisoned(cause)
+        if !this.started {
+            // Device work on the op's variables must be done first.
+            if op.shared().has_streams {
+                if op.await_fences(cx, None).is_pending() {
+                    return Poll::Pending;
                 }
-                Skip::Deleted(var) => {
-                    let cause = Arc::new(OpFailure::new(
-                        op.failure_name(),
-                        FailureKind::InputDeleted(var),
-                    ));
-                    op.finish(Some(cause), true);
-                    Error::Deleted(var)
-                }
-            }));
+                op.settle_fences();
+            }
+            if let Some(skip) = op.blocked_by() {
+                this.finished = true;
+                return Poll::Ready(Err(skipped(op, skip)));
+            }
         }
 
         this.started = true;
         // SAFETY: `body` is pinned with `this`.
         let body = unsafe { Pin::new_unchecked(&mut this.body) };
-        let polled = {
-            let _current = CurrentOp::enter(op);
-            catch_unwind(AssertUnwindSafe(|| body.poll_body(op, cx)))
-        };
-        let result = match polled {
-            Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(Ok(value))) => Ok(value),
-            Ok(Poll::Ready(Err(e))) => Err(FailureKind::Error(e)),
-            Err(payload) => Err(FailureKind::Panic(panic_message(payload.as_ref()))),
+        let result = match run_body(op, body, None, cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(result) => result,
         };
         this.finished = true;
         Poll::Ready(match result {
@@ -194,7 +192,45 @@ impl<B> Drop for OpFuture<B> {
     }
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+/// Finishes an op that does not run (see [`OpBlock::blocked_by`]); returns
+/// its error.
+pub(super) fn skipped(op: &OpBlock, skip: Skip) -> Error {
+    match skip {
+        Skip::Poisoned(cause) => {
+            op.finish(Some(cause.clone()), false);
+            Error::Poisoned(cause)
+        }
+        Skip::Deleted(var) => {
+            let cause = Arc::new(OpFailure::new(
+                op.failure_name(),
+                FailureKind::InputDeleted(var),
+            ));
+            op.finish(Some(cause), true);
+            Error::Deleted(var)
+        }
+    }
+}
+
+/// Polls the op's body, marked as the thread's current op, panics caught.
+pub(super) fn run_body<B: Body>(
+    op: &OpBlock,
+    body: Pin<&mut B>,
+    stream: Option<&Stream>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<B::Output, FailureKind>> {
+    let polled = {
+        let _current = CurrentOp::enter(op);
+        catch_unwind(AssertUnwindSafe(|| body.poll_body(op, stream, cx)))
+    };
+    match polled {
+        Ok(Poll::Pending) => Poll::Pending,
+        Ok(Poll::Ready(Ok(value))) => Poll::Ready(Ok(value)),
+        Ok(Poll::Ready(Err(e))) => Poll::Ready(Err(FailureKind::Error(e))),
+        Err(payload) => Poll::Ready(Err(FailureKind::Panic(panic_message(payload.as_ref())))),
+    }
+}
+
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&'static str>() {
         (*s).to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {

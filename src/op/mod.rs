@@ -28,12 +28,15 @@
 
 pub(crate) mod anchor;
 pub(crate) mod ctx;
+mod device;
 mod future;
 pub(crate) mod reclaim;
 pub(crate) mod track;
 pub(crate) mod trigger;
 
-pub(crate) use self::future::{AsyncBody, Body, OpFuture, SyncBody, in_op, with_current_op};
+pub(crate) use self::future::{
+    AsyncBody, Body, OpFuture, SyncBody, in_op, panic_message, with_current_op,
+};
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -116,6 +119,9 @@ const GENERATION: u8 = 1;
 const MAINTENANCE: u8 = 2;
 /// `OpBlock::flags`: the name was leaked from an owned string.
 const NAME_OWNED: u8 = 4;
+/// `OpBlock::flags`: the bits above this hold the op's lane plus one on a
+/// stream device, 0 elsewhere (lanes are fewer than 31).
+const LANE_SHIFT: u8 = 3;
 
 /// An op's metadata, stored in its task's header.
 pub(crate) struct OpBlock {
@@ -130,8 +136,9 @@ pub(crate) struct OpBlock {
     /// 0, or (once an async body leased its `OpCtx`) how many of the future
     /// and the context still hold the grants: the last one releases them.
     holders: AtomicU8,
-    /// `GENERATION`, `MAINTENANCE` and `NAME_OWNED` bits, packed so that
-    /// the block stays within its size budget (see the test below).
+    /// `GENERATION`, `MAINTENANCE` and `NAME_OWNED` bits and the lane,
+    /// packed so that the block stays within its size budget (see the test
+    /// below).
     flags: u8,
     device: u16,
     priority: i32,
@@ -161,14 +168,20 @@ impl OpBlock {
         generation: u8,
         edges: Edges,
         resources: Option<Box<OpResources>>,
+        lane: Option<u8>,
     ) -> Self {
         let n = edges.as_slice().len() as u32;
+        let lane = lane.map_or(0, |l| {
+            debug_assert!(usize::from(l) < crate::stream::MAX_LANES);
+            l + 1
+        });
         Self {
             trigger: Trigger::new(n),
             anchor: Anchor::new(n + 1),
             flags: u8::from(generation != 0) * GENERATION
                 + u8::from(mode == Mode::Maintenance) * MAINTENANCE
-                + u8::from(matches!(name, Some(Cow::Owned(_)))) * NAME_OWNED,
+                + u8::from(matches!(name, Some(Cow::Owned(_)))) * NAME_OWNED
+                + (lane << LANE_SHIFT),
             next_adopted: UnsafeCell::new(std::ptr::null()),
             holders: AtomicU8::new(0),
             device,
@@ -185,6 +198,12 @@ impl OpBlock {
 
     fn name_owned(&self) -> bool {
         self.flags & NAME_OWNED != 0
+    }
+
+    /// The op's lane, if it runs on a stream device.
+    #[inline]
+    pub(crate) fn lane(&self) -> Option<u8> {
+        (self.flags >> LANE_SHIFT).checked_sub(1)
     }
 
     /// The name, for an `OpFailure` (which may outlive the op).
@@ -239,10 +258,19 @@ impl OpBlock {
         block: OpBlock,
         body: B,
     ) -> async_task::Task<Result<B::Output, Error>, OpBlock> {
-        let (runner, task) = async_task::Builder::new().metadata(block).spawn(
-            move |op: &OpBlock| OpFuture::new(op, body),
-            async_task::WithInfo(schedule),
-        );
+        let on_streams = block.lane().is_some();
+        let builder = async_task::Builder::new().metadata(block);
+        let (runner, task) = if on_streams {
+            builder.spawn(
+                move |op: &OpBlock| device::StreamOpFuture::new(op, body),
+                async_task::WithInfo(schedule),
+            )
+        } else {
+            builder.spawn(
+                move |op: &OpBlock| OpFuture::new(op, body),
+                async_task::WithInfo(schedule),
+            )
+        };
         // SAFETY: `runner` was just spawned for this block and never scheduled.
         unsafe { Self::launch(runner) };
         task
@@ -384,10 +412,18 @@ impl OpBlock {
     /// Whether the op may run: the first poisoned or deleted input, in edge
     /// order, if not.
     fn blocked_by(&self) -> Option<Skip> {
+        let streams = self.shared().has_streams;
         for e in self.edges() {
             // SAFETY: the op is running, so it holds a grant on every edge.
             if unsafe { e.var.is_live() } {
-                continue;
+                // A failed device write poisons too (until a host op with
+                // the write grant turns it into the variable's state).
+                match e.var.fences().write_failure() {
+                    Some(cause) if streams && self.flags & MAINTENANCE == 0 => {
+                        return Some(Skip::Poisoned(cause));
+                    }
+                    _ => continue,
+                }
             }
             // SAFETY: as above.
             match unsafe { e.var.state() } {
@@ -411,14 +447,7 @@ impl OpBlock {
                 r.mark_failed();
             }
             // Still holding every grant: the mutated variables are ours.
-            for e in self.edges().iter().filter(|e| e.edge.is_write()) {
-                // SAFETY: the op holds the write grant on this variable.
-                unsafe {
-                    if !matches!(e.var.state(), VarState::Deleted) {
-                        e.var.set_state(VarState::Poisoned(f.clone()));
-                    }
-                }
-            }
+            self.poison_outputs(&f);
             if record {
                 self.shared().record_failure(f);
             }
@@ -445,8 +474,15 @@ impl OpBlock {
         if let Some(r) = self.resources()
             && r.is_held()
         {
-            self.return_units(r);
+            let returns = self.hand_on_units(r);
+            crate::resource::dispatch(self.shared().broker.release(returns.iter().copied()));
         }
+        self.release_edges();
+        self.retire();
+    }
+
+    /// Completes every edge: the op's variables go to the next ops.
+    fn release_edges(&self) {
         for e in self.edges() {
             // SAFETY: each edge was granted and is completed exactly once, here.
             unsafe {
@@ -458,6 +494,11 @@ impl OpBlock {
                 }
             }
         }
+    }
+
+    /// Counts the finished op out of the engine. The op never touches the
+    /// engine after this.
+    fn retire(&self) {
         if let Some(tracker) = &self.shared().tracker {
             tracker.remove(self);
         }
@@ -487,28 +528,27 @@ impl OpBlock {
         }
     }
 
-    /// Gives back the op's units, except those it hands on to its outputs
-    /// (only if it succeeded), and dispatches what that makes fit. Called
-    /// while the op still holds its write grants: the outputs are ours.
-    fn return_units(&self, r: &OpResources) {
-        let all = r.demands.iter().map(|d| (d.pool, d.amount));
-        if r.lasting.is_empty() || r.failed() {
-            return crate::resource::dispatch(self.shared().broker.release(all));
+    /// Hands the op's lasting units on to its outputs (only if it
+    /// succeeded) and returns what is to be given back: the rest of its
+    /// units, and those the outputs held before. Called while the op still
+    /// holds its write grants: the outputs are ours.
+    fn hand_on_units(&self, r: &OpResources) -> crate::resource::Returns {
+        let mut returns: crate::resource::Returns =
+            r.demands.iter().map(|d| (d.pool, d.amount)).collect();
+        if r.failed() {
+            return returns;
         }
-        let mut returns: Vec<(usize, u64)> = all.collect();
-        {
-            for l in &r.lasting {
-                let resource = &r.resources[l.demand];
-                let var = &self.edges()[l.edge].var;
-                returns[l.demand].1 -= l.amount;
-                // SAFETY: the op holds the write grant on `var` (allocations
-                // go to mutated variables only; checked at push).
-                if let Some(old) = unsafe { var.hold_units(resource, l.amount) } {
-                    returns.push((resource.inner.pool, old));
-                }
+        for l in &r.lasting {
+            let resource = &r.resources[l.demand];
+            let var = &self.edges()[l.edge].var;
+            returns.as_mut_slice()[l.demand].1 -= l.amount;
+            // SAFETY: the op holds the write grant on `var` (allocations go
+            // to mutated variables only; checked at push).
+            if let Some(old) = unsafe { var.hold_units(resource, l.amount) } {
+                returns.push((resource.inner.pool, old));
             }
         }
-        crate::resource::dispatch(self.shared().broker.release(returns));
+        returns
     }
 
     /// Marks an async op as having leased its `OpCtx`: from now on the

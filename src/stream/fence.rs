@@ -1,0 +1,266 @@
+//! Fences: the engine's record of one op's work on a stream, and of which
+//! device work each variable still waits for.
+//!
+//! An op on a stream device gives its variables back as soon as its work is
+//! *enqueued*, not when it is done: a consumer on the same device is then
+//! enqueued behind the producer's event (a stream wait, no host round trip).
+//! Whatever touches the variable from the host must first wait for that work.
+//! So each op on a stream device gets a [`Fence`] (its event, and whether the
+//! work is done and how it ended), and each variable keeps [`VarFences`]: the
+//! fence of its last device write and those of the device reads since.
+//!
+//! A fence completes once, when the device's poller sees its event reached
+//! (see `poller`). Host waiters register a waker; the completion and a
+//! registration meet under one lock after a fast atomic check, so a waiter
+//! cannot miss the completion (loom model: `loom-tests/tests/fence.rs`).
+//!
+//! Who touches a variable's fences: an op holding its write grant replaces
+//! them (it runs alone); ops holding read grants read the write fence (which
+//! no one changes meanwhile) and append their own fences to the reads, which
+//! is why the reads sit behind a lock.
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use crate::error::OpFailure;
+use crate::sync::{AtomicU8, Mutex, Ordering::*};
+
+const PENDING: u8 = 0;
+const DONE: u8 = 1;
+/// The work failed.
+const FAILED: u8 = 2;
+/// The work ran behind a failed fence: it failed with that fence's cause.
+const POISONED: u8 = 3;
+
+/// One op's work on a stream: done or not, and how it ended. `E` is the
+/// device's event (a unit in the loom models).
+pub struct Fence<E = ()> {
+    /// The engine's index of the device the work runs on.
+    device: u16,
+    /// The lane (stream) of that device.
+    lane: u8,
+    state: AtomicU8,
+    inner: Mutex<Inner>,
+    event: E,
+}
+
+#[derive(Default)]
+struct Inner {
+    waiters: Vec<Waker>,
+    failure: Option<Arc<OpFailure>>,
+    /// The first error a host function of the op reported (see
+    /// `Stream::enqueue`); the poller turns it into the op's failure.
+    fault: Option<String>,
+}
+
+impl<E> Fence<E> {
+    /// A fence for work about to be enqueued on `lane` of `device`; its
+    /// event is recorded after the work.
+    pub fn new(device: u16, lane: u8, event: E) -> Self {
+        Self {
+            device,
+            lane,
+            state: AtomicU8::new(PENDING),
+            inner: Mutex::new(Inner::default()),
+            event,
+        }
+    }
+
+    pub fn device(&self) -> u16 {
+        self.device
+    }
+
+    pub fn lane(&self) -> u8 {
+        self.lane
+    }
+
+    pub fn event(&self) -> &E {
+        &self.event
+    }
+
+    /// Whether the work is done (successfully or not).
+    #[inline]
+    pub fn is_done(&self) -> bool {
+        self.state.load(Acquire) != PENDING
+    }
+
+    /// The failure, once the fence completed with one.
+    pub fn failure(&self) -> Option<Arc<OpFailure>> {
+        if self.state.load(Acquire) < FAILED {
+            return None;
+        }
+        self.lock().failure.clone()
+    }
+
+    /// Ready with the outcome once the work is done; otherwise registers
+    /// `cx`'s waker, which [`complete`](Self::complete) wakes.
+    pub fn poll_done(&self, cx: &mut Context<'_>) -> Poll<Result<(), Arc<OpFailure>>> {
+        if let Some(outcome) = self.outcome() {
+            return Poll::Ready(outcome);
+        }
+        let mut inner = self.lock();
+        // Re-checked under the lock: `complete` sets the state under it, so
+        // either we see it done or it sees our waker.
+        match self.state.load(Acquire) {
+            PENDING => {
+                if !inner.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    inner.waiters.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            DONE => Poll::Ready(Ok(())),
+            _ => Poll::Ready(Err(inner
+                .failure
+                .clone()
+                .expect("failed fence without failure"))),
+        }
+    }
+
+    fn outcome(&self) -> Option<Result<(), Arc<OpFailure>>> {
+        match self.state.load(Acquire) {
+            PENDING => None,
+            DONE => Some(Ok(())),
+            _ => Some(Err(self.failure().expect("failed fence without failure"))),
+        }
+    }
+
+    /// Whether the fence failed because a fence it waited for did.
+    pub fn inherited(&self) -> bool {
+        self.state.load(Acquire) == POISONED
+    }
+
+    /// Records the first error reported by one of the op's host functions.
+    pub fn set_fault(&self, message: String) {
+        self.lock().fault.get_or_insert(message);
+    }
+
+    /// Takes the fault a host function reported, if any.
+    pub fn take_fault(&self) -> Option<String> {
+        self.lock().fault.take()
+    }
+
+    /// Completes the fence (once) and wakes its waiters.
+    pub fn complete(&self, outcome: Result<(), Arc<OpFailure>>) {
+        match outcome {
+            Ok(()) => self.finish(DONE, None),
+            Err(failure) => self.finish(FAILED, Some(failure)),
+        }
+    }
+
+    /// Completes the fence (once) as failed by `cause`, the failure of a
+    /// fence it waited for, and wakes its waiters.
+    pub fn complete_inherited(&self, cause: Arc<OpFailure>) {
+        self.finish(POISONED, Some(cause));
+    }
+
+    fn finish(&self, state: u8, failure: Option<Arc<OpFailure>>) {
+        let waiters = {
+            let mut inner = self.lock();
+            debug_assert_eq!(self.state.load(Relaxed), PENDING, "fence completed twice");
+            inner.failure = failure;
+            self.state.store(state, Release);
+            std::mem::take(&mut inner.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
+    }
+
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<E> std::fmt::Debug for Fence<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence")
+            .field("device", &self.device)
+            .field("lane", &self.lane)
+            .field("state", &self.state.load(Relaxed))
+            .finish()
+    }
+}
+
+/// The device work a variable waits for: its last device write, and the
+/// device reads pushed after it.
+pub struct VarFences<E = ()> {
+    inner: Mutex<Slots<E>>,
+}
+
+struct Slots<E> {
+    write: Option<Arc<Fence<E>>>,
+    reads: Vec<Arc<Fence<E>>>,
+}
+
+impl<E> Default for VarFences<E> {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Slots {
+                write: None,
+                reads: Vec::new(),
+            }),
+        }
+    }
+}
+
+impl<E> VarFences<E> {
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Slots<E>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `f` with each fence an op must wait for before it touches the
+    /// variable: the last write's for a read; for a write, the reads' too.
+    /// Done fences are skipped, except failed writes (they poison).
+    pub fn for_each_pending(&self, write: bool, mut f: impl FnMut(&Arc<Fence<E>>)) {
+        let slots = self.lock();
+        if let Some(w) = &slots.write
+            && (!w.is_done() || w.state.load(Acquire) >= FAILED)
+        {
+            f(w);
+        }
+        if write {
+            slots.reads.iter().filter(|r| !r.is_done()).for_each(f);
+        }
+    }
+
+    /// The failure of the last device write, if it failed.
+    pub fn write_failure(&self) -> Option<Arc<OpFailure>> {
+        self.lock().write.as_ref().and_then(|w| w.failure())
+    }
+
+    /// An op holding the write grant enqueued work that writes the variable.
+    pub fn set_write(&self, fence: Arc<Fence<E>>) {
+        let mut slots = self.lock();
+        slots.write = Some(fence);
+        slots.reads.clear();
+    }
+
+    /// An op holding a read grant enqueued work that reads the variable.
+    pub fn add_read(&self, fence: Arc<Fence<E>>) {
+        let mut slots = self.lock();
+        // Keep the list as long as the reads in flight, not all reads ever.
+        slots.reads.retain(|r| !r.is_done());
+        slots.reads.push(fence);
+    }
+
+    /// A host op holding the write grant waited for every fence: forgets
+    /// them, returning the last write's failure (which the variable's state
+    /// takes over).
+    pub fn settle(&self) -> Option<Arc<OpFailure>> {
+        let mut slots = self.lock();
+        slots.reads.clear();
+        slots.write.take().and_then(|w| w.failure())
+    }
+}
+
+impl<E> std::fmt::Debug for VarFences<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let slots = self.lock();
+        f.debug_struct("VarFences")
+            .field("write", &slots.write)
+            .field("reads", &slots.reads.len())
+            .finish()
+    }
+}
