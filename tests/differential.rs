@@ -12,6 +12,15 @@
 //! in use, which must never exceed a capacity, and the units still held at
 //! the end must be those the replay says live variables hold.
 //!
+//! On the `streams` engine, devices `d1` and `d2` are simulated GPUs: their
+//! ops enqueue their computation on a lane (random) and fail or panic on
+//! the device or in the body, so the replay also checks stream order,
+//! cross-lane waits, host ops waiting for device work, and poison reported
+//! by the device. Variable values are "device memory" (an atomic cell the
+//! enqueued work updates). Device ops take no lasting units: an op already
+//! enqueued behind failed device work has handed its allocation on (see
+//! `stream`), which a serial replay would not.
+//!
 //! `DEPFLOW_DIFF_PROGRAMS` sets the number of programs per executor (default
 //! 1000; CI runs the default).
 
@@ -27,7 +36,14 @@ use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use common::{Rng, engines, within};
-use depflow::{AnyVar, Engine, Error, Resource, Var};
+use depflow::{AnyVar, Engine, Error, Lane, Resource, Var};
+
+/// A variable's value: a cell that device work updates in stream order.
+type Mem = Arc<std::sync::atomic::AtomicU64>;
+
+fn mem(x: u64) -> Mem {
+    Arc::new(std::sync::atomic::AtomicU64::new(x))
+}
 
 const VARS: usize = 24;
 /// Capacity of each pusher's own pool.
@@ -131,6 +147,7 @@ fn generate(
     shared: &[usize],
     len: usize,
     devices: usize,
+    streams: bool,
 ) -> Vec<Step> {
     let mut steps = Vec::with_capacity(len);
     let mut deleted = Vec::new();
@@ -185,6 +202,12 @@ fn generate(
             0
         };
         let device = rng.below(devices as u64) as usize;
+        let on_streams = streams && device != 0;
+        // Stream ops have synchronous bodies.
+        let body = match body {
+            Body::Yield | Body::Timer(_) if on_streams => Body::Compute,
+            b => b,
+        };
         let mut units = Units::default();
         if rng.below(3) == 0 {
             let free = OWN_UNITS - held.iter().sum::<u64>();
@@ -192,6 +215,7 @@ fn generate(
             units.own = rng.below(free + 1);
             if let Some(&out) = mutates.first()
                 && !deleted.contains(&out)
+                && !on_streams
                 && rng.below(2) == 0
             {
                 units.alloc = rng.below(free - units.own + 1);
@@ -384,7 +408,8 @@ fn run(
     engine: &Engine,
     name: &str,
     steps: &[Step],
-    vars: &[Var<u64>],
+    vars: &[Var<Mem>],
+    streams: bool,
     pools: &Pools,
 ) -> Vec<Pending> {
     let devices: Vec<_> = (0..3)
@@ -411,7 +436,7 @@ fn run(
             Step::Probe(v) => {
                 let var = vars[*v].clone();
                 let r = engine.push(&[&vars[*v]], &[], move |ctx| -> Result<u64, Error> {
-                    Ok(*ctx.read(&var)?)
+                    Ok(ctx.read(&var)?.load(SeqCst))
                 });
                 pending.push(Box::new(move || {
                     to_outcome(r.and_then(|h| h.wait()), Outcome::Value)
@@ -429,9 +454,9 @@ fn run(
                 device,
                 units,
             } => {
-                let r_vars: Vec<Var<u64>> = reads.iter().map(|&r| vars[r].clone()).collect();
+                let r_vars: Vec<Var<Mem>> = reads.iter().map(|&r| vars[r].clone()).collect();
                 let edges = edge_order(reads, mutates);
-                let m_vars: Vec<Var<u64>> = edges
+                let m_vars: Vec<Var<Mem>> = edges
                     .iter()
                     .filter(|e| e.1)
                     .map(|&(m, _)| vars[m].clone())
@@ -441,18 +466,44 @@ fn run(
                 let m_decl: Vec<&dyn AnyVar> =
                     mutates.iter().map(|&m| &vars[m] as &dyn AnyVar).collect();
                 let (units, out, p) = (*units, mutates.first().copied(), pools.clone());
-                let compute_all = move |ctx: &depflow::OpCtx| -> Result<u64, Error> {
+                // The op's memory: its inputs' and outputs' cells.
+                let cells = move |ctx: &depflow::OpCtx| -> Result<(Vec<Mem>, Vec<Mem>), Error> {
+                    let ins = r_vars.iter().map(|r| Ok(ctx.read(r)?.clone()));
+                    let outs = m_vars.iter().map(|m| Ok(ctx.write(m)?.clone()));
+                    Ok((
+                        ins.collect::<Result<_, Error>>()?,
+                        outs.collect::<Result<_, Error>>()?,
+                    ))
+                };
+                let work = move |ins: &[Mem], outs: &[Mem]| -> u64 {
                     p.start(units);
-                    let mut inputs = 0u64;
-                    for r in &r_vars {
-                        inputs = inputs.wrapping_add(*ctx.read(r)?);
-                    }
-                    for (k, m) in m_vars.iter().enumerate() {
-                        let mut v = ctx.write(m)?;
-                        *v = compute(i, k, *v, inputs);
+                    let inputs = ins.iter().fold(0u64, |a, r| a.wrapping_add(r.load(SeqCst)));
+                    for (k, m) in outs.iter().enumerate() {
+                        m.store(compute(i, k, m.load(SeqCst), inputs), SeqCst);
                     }
                     p.end(units, out, true);
-                    Ok(inputs)
+                    inputs
+                };
+                let on_streams = streams && *device % 3 != 0;
+                if on_streams {
+                    let lanes: &[Lane] = match *device % 3 {
+                        1 => &[
+                            Lane::Compute(0),
+                            Lane::Compute(1),
+                            Lane::HostToDevice,
+                            Lane::DeviceToHost,
+                        ],
+                        _ => &[Lane::Compute(0), Lane::HostToDevice, Lane::DeviceToHost],
+                    };
+                    let lane = lanes[i % lanes.len()];
+                    pending.push(push_on_streams(
+                        engine, name, i, step, lane, &vars, cells, work, pools,
+                    ));
+                    continue;
+                }
+                let compute_all = move |ctx: &depflow::OpCtx| -> Result<u64, Error> {
+                    let (ins, outs) = cells(ctx)?;
+                    Ok(work(&ins, &outs))
                 };
                 let failing = {
                     let p = pools.clone();
@@ -519,10 +570,93 @@ fn run(
     pending
 }
 
-fn final_state(engine: &Engine, var: &Var<u64>) -> State {
+/// Pushes an op on a stream device: its body takes its cells and enqueues
+/// the computation (or the failure: in the body or on the device, by the
+/// op's parity).
+#[allow(clippy::too_many_arguments)]
+fn push_on_streams(
+    engine: &Engine,
+    name: &str,
+    i: usize,
+    step: &Step,
+    lane: Lane,
+    vars: &[Var<Mem>],
+    cells: impl FnOnce(&depflow::OpCtx) -> Result<(Vec<Mem>, Vec<Mem>), Error> + Send + 'static,
+    work: impl FnOnce(&[Mem], &[Mem]) -> u64 + Send + 'static,
+    pools: &Pools,
+) -> Pending {
+    let Step::Op {
+        reads,
+        mutates,
+        body,
+        priority,
+        device,
+        units,
+    } = step
+    else {
+        unreachable!()
+    };
+    let r_decl: Vec<&dyn AnyVar> = reads.iter().map(|&r| &vars[r] as &dyn AnyVar).collect();
+    let m_decl: Vec<&dyn AnyVar> = mutates.iter().map(|&m| &vars[m] as &dyn AnyVar).collect();
+    let (units, body, p) = (*units, body.clone(), pools.clone());
+    let result = Arc::new(AtomicI64::new(0));
+    let r2 = result.clone();
+    let on_device = i % 2 == 0;
+    let handle = engine
+        .op()
+        .name(format!("{name}{i}"))
+        .priority(*priority)
+        .on(engine.device(&format!("d{}", device % 3)).unwrap())
+        .lane(lane)
+        .reads(&r_decl)
+        .mutates(&m_decl)
+        .uses(&pools.shared, units.shared)
+        .uses(&pools.own, units.own)
+        .run(move |ctx| -> Result<(), Error> {
+            let stream = ctx.stream()?;
+            let fail = matches!(body, Body::Fail | Body::Panic);
+            if fail && !on_device {
+                p.start(units);
+                p.end(units, None, false);
+                return match body {
+                    Body::Fail => Err(Error::Stream("planned failure".into())),
+                    _ => panic!("planned panic"),
+                };
+            }
+            let (ins, outs) = if fail {
+                Default::default()
+            } else {
+                cells(ctx)?
+            };
+            stream.enqueue(move || {
+                if fail {
+                    p.start(units);
+                    p.end(units, None, false);
+                    match body {
+                        Body::Fail => return Err("planned failure".into()),
+                        _ => panic!("planned panic"),
+                    }
+                }
+                match body {
+                    Body::Sleep(us) => std::thread::sleep(Duration::from_micros(us)),
+                    Body::Spin(n) => (0..n).for_each(|_| std::hint::spin_loop()),
+                    _ => {}
+                }
+                r2.store(work(&ins, &outs) as i64, SeqCst);
+                Ok(())
+            })
+        });
+    Box::new(move || {
+        to_outcome(handle.and_then(|h| h.wait()), |()| {
+            Outcome::Value(result.load(SeqCst) as u64)
+        })
+    })
+}
+
+fn final_state(engine: &Engine, var: &Var<Mem>) -> State {
     let v = var.clone();
     match engine.push(&[var], &[], move |ctx| -> Result<u64, Error> {
-        Ok(*ctx.read(&v)?)
+        Ok(ctx.read(&v)?.load(SeqCst))
     }) {
         Err(Error::Deleted(_)) => State::Deleted,
         Err(e) => panic!("{e}"),
@@ -536,9 +670,11 @@ fn final_state(engine: &Engine, var: &Var<u64>) -> State {
 
 /// One program on one engine: `pushers` threads, each with its own mutated
 /// variables and a few shared read-only ones.
-fn check_program(engine: &Engine, seed: u64, pushers: usize) {
+fn check_program(engine: &Engine, seed: u64, pushers: usize, streams: bool) {
     let mut rng = Rng(seed);
-    let vars: Vec<Var<u64>> = (0..VARS).map(|i| engine.var(i as u64 * 1000)).collect();
+    let vars: Vec<Var<Mem>> = (0..VARS)
+        .map(|i| engine.var(mem(i as u64 * 1000)))
+        .collect();
     let shared: Vec<usize> = (VARS - 4..VARS).collect();
     let per = (VARS - 4) / pushers;
     let mut initial: BTreeMap<usize, State> = (0..VARS)
@@ -564,7 +700,7 @@ fn check_program(engine: &Engine, seed: u64, pushers: usize) {
     let programs: Vec<(String, Vec<Step>, Vec<Outcome>)> = (0..pushers)
         .map(|t| {
             let own: Vec<usize> = (t * per..(t + 1) * per).collect();
-            let mut steps = generate(&mut rng, &own, &shared, len, 3);
+            let mut steps = generate(&mut rng, &own, &shared, len, 3, streams);
             if pushers > 1 {
                 // Shared variables stay read-only: keep their reads only.
                 steps.retain(|s| !matches!(s, Step::Delete(v) | Step::Probe(v) | Step::Wait(v) if shared.contains(v)));
@@ -580,7 +716,7 @@ fn check_program(engine: &Engine, seed: u64, pushers: usize) {
             .zip(&pools)
             .map(|((name, steps, _), pools)| {
                 let vars = &vars;
-                s.spawn(move || run(engine, name, steps, vars, pools))
+                s.spawn(move || run(engine, name, steps, vars, streams, pools))
             })
             .collect();
         let pending: Vec<Vec<Pending>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
@@ -624,8 +760,15 @@ fn programs() -> u64 {
 #[test]
 fn random_programs_match_a_serial_replay_on_every_executor() {
     let n = programs();
-    for (name, engine) in engines() {
+    let streams = Engine::builder()
+        .threads(2)
+        .device("d1", depflow::Executor::simulated_gpu(2))
+        .device("d2", depflow::Executor::simulated_gpu(1))
+        .build()
+        .unwrap();
+    for (name, engine) in engines().into_iter().chain([("streams", streams)]) {
         let name = name.to_string();
+        let streams = name == "streams";
         within(600, move || {
             for seed in 0..n {
                 let pushers = if seed % 4 == 3 {
@@ -635,7 +778,7 @@ fn random_programs_match_a_serial_replay_on_every_executor() {
                 };
                 let engine = engine.clone();
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    check_program(&engine, seed, pushers)
+                    check_program(&engine, seed, pushers, streams)
                 }));
                 if let Err(e) = result {
                     eprintln!("executor {name}, seed {seed}, {pushers} pusher(s) failed");

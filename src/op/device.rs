@@ -35,7 +35,7 @@ impl OpBlock {
     pub(super) fn await_fences(&self, cx: &mut Context<'_>, device: Option<u16>) -> Poll<()> {
         let mut waiting = false;
         for e in self.edges() {
-            e.var.fences().for_each_pending(e.edge.is_write(), |f| {
+            e.var.fences().for_each_pending(e.edge.is_write(), |f, _| {
                 if Some(f.device()) != device && f.poll_done(cx).is_pending() {
                     waiting = true;
                 }
@@ -64,7 +64,9 @@ impl OpBlock {
     }
 
     /// Puts stream waits on `lane` for this device's fences on the op's
-    /// variables, and returns those not done yet (the new fence's parents).
+    /// variables, and returns the writes' among them not done yet (the new
+    /// fence's parents: their failure is the op's). A read's fence only
+    /// orders: a failed read does not poison what it read.
     fn wait_on_device(
         &self,
         exec: &StreamExec,
@@ -73,21 +75,25 @@ impl OpBlock {
         let mut parents: Vec<Arc<Fence<Event>>> = Vec::new();
         let mut failed = None;
         for e in self.edges() {
-            e.var.fences().for_each_pending(e.edge.is_write(), |f| {
-                if f.device() != exec.index
-                    || f.is_done()
-                    || parents.iter().any(|p| Arc::ptr_eq(p, f))
-                {
-                    return;
-                }
-                // Same lane: the stream's order is enough.
-                if f.lane() != lane
-                    && let Err(m) = exec.device.wait(lane, f.event())
-                {
-                    failed.get_or_insert(m);
-                }
-                parents.push(f.clone());
-            });
+            e.var
+                .fences()
+                .for_each_pending(e.edge.is_write(), |f, write| {
+                    if f.device() != exec.index {
+                        return;
+                    }
+                    // Same lane: the stream's order is enough. (A done fence
+                    // here is a write that failed since `blocked_by` looked:
+                    // it is a parent all the same.)
+                    if f.lane() != lane
+                        && !f.is_done()
+                        && let Err(m) = exec.device.wait(lane, f.event())
+                    {
+                        failed.get_or_insert(m);
+                    }
+                    if write && !parents.iter().any(|p| Arc::ptr_eq(p, f)) {
+                        parents.push(f.clone());
+                    }
+                });
         }
         match failed {
             Some(m) => Err(m),
@@ -107,20 +113,18 @@ impl OpBlock {
         }
     }
 
-    /// The enqueue half's end: poisons the outputs on failure, keeps aside
-    /// the units to give back later, and gives the variables back.
-    fn release_enqueued(&self, failure: Option<&Arc<OpFailure>>) {
-        if let Some(f) = failure {
-            if let Some(r) = self.resources() {
+    /// The enqueue half's end: keeps aside the units to give back later
+    /// (handing lasting ones on unless the body failed), and gives the
+    /// variables back. A failed body poisons through the fence, once the
+    /// fences before it are known (an input's failure comes first).
+    fn release_enqueued(&self, body_failed: bool) {
+        if let Some(r) = self.resources() {
+            if body_failed {
                 r.mark_failed();
             }
-            self.poison_outputs(f);
-            self.shared().record_failure(f.clone());
-        }
-        if let Some(r) = self.resources()
-            && r.is_held()
-        {
-            *r.deferred.lock().unwrap_or_else(|e| e.into_inner()) = self.hand_on_units(r);
+            if r.is_held() {
+                *r.deferred.lock().unwrap_or_else(|e| e.into_inner()) = self.hand_on_units(r);
+            }
         }
         self.release_edges();
     }
@@ -145,8 +149,9 @@ pub(crate) struct StreamOpFuture<B: Body> {
 
 enum Stage<T> {
     Start,
-    /// The work is enqueued; the op's outcome so far.
-    Enqueued(Arc<Fence<Event>>, Result<T, Arc<OpFailure>>),
+    /// The work is enqueued; the body's value, unless it failed (then the
+    /// fence fails).
+    Enqueued(Arc<Fence<Event>>, Option<T>),
     Finished,
 }
 
@@ -178,7 +183,14 @@ impl<B: Body> Future for StreamOpFuture<B> {
             if op.await_fences(cx, Some(op.device())).is_pending() {
                 return Poll::Pending;
             }
-            if let Some(skip) = op.blocked_by() {
+            if op.blocked_by().is_some() {
+                // It will not run; but which input's failure comes first in
+                // program order may hang on device work still running on an
+                // earlier edge: wait for all of it before naming the cause.
+                if op.await_fences(cx, None).is_pending() {
+                    return Poll::Pending;
+                }
+                let skip = op.blocked_by().expect("a poisoned input stays poisoned");
                 this.stage = Stage::Finished;
                 return Poll::Ready(Err(skipped(op, skip)));
             }
@@ -200,18 +212,16 @@ impl<B: Body> Future for StreamOpFuture<B> {
             Poll::Ready(done) => done,
         };
         let inherited = fence.inherited();
-        let Stage::Enqueued(_, outcome) = std::mem::replace(&mut this.stage, Stage::Finished)
-        else {
+        let Stage::Enqueued(_, value) = std::mem::replace(&mut this.stage, Stage::Finished) else {
             unreachable!()
         };
-        let result = match (outcome, done) {
-            (Err(failure), _) => Err(Error::Failed(failure)),
-            (Ok(_), Err(cause)) if inherited => Err(Error::Poisoned(cause)),
-            (Ok(_), Err(failure)) => {
+        let result = match done {
+            Ok(()) => Ok(value.expect("a fence without failure has a value")),
+            Err(cause) if inherited => Err(Error::Poisoned(cause)),
+            Err(failure) => {
                 op.shared().record_failure(failure.clone());
                 Err(Error::Failed(failure))
             }
-            (Ok(value), Ok(())) => Ok(value),
         };
         op.complete_on_device();
         Poll::Ready(result)
@@ -258,28 +268,31 @@ fn enqueue<B: Body>(
         Poll::Pending => unreachable!("a stream op's body is synchronous"),
     };
     drop(stream);
+    let (value, body_failure) = match outcome {
+        Ok(value) => (Some(value), None),
+        Err(failure) => (None, Some(failure)),
+    };
     match exec.device.record(lane, fence.event()) {
         Ok(()) => {
             op.publish(&fence);
-            op.release_enqueued(outcome.as_ref().err());
+            op.release_enqueued(body_failure.is_some());
             exec.poller.watch(Entry {
                 fence: fence.clone(),
                 parents,
+                body_failure,
                 name: op.failure_name(),
             });
-            Ok(Stage::Enqueued(fence, outcome))
         }
         Err(m) => {
             // The event will never complete, so the op fails now: when its
             // work ends cannot be known (a device that refuses to record an
             // event is broken anyway).
-            let failure = outcome.err().unwrap_or_else(|| fail(m));
-            fence.complete(Err(failure.clone()));
+            fence.complete(Err(body_failure.unwrap_or_else(|| fail(m))));
             op.publish(&fence);
-            op.release_enqueued(Some(&failure));
-            Ok(Stage::Enqueued(fence, Err(failure)))
+            op.release_enqueued(true);
         }
     }
+    Ok(Stage::Enqueued(fence, value))
 }
 
 impl<B: Body> Drop for StreamOpFuture<B> {

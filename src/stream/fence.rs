@@ -211,17 +211,20 @@ impl<E> VarFences<E> {
     }
 
     /// Calls `f` with each fence an op must wait for before it touches the
-    /// variable: the last write's for a read; for a write, the reads' too.
-    /// Done fences are skipped, except failed writes (they poison).
-    pub fn for_each_pending(&self, write: bool, mut f: impl FnMut(&Arc<Fence<E>>)) {
+    /// variable, and whether it is the last write's (whose failure poisons)
+    /// or a read's (which only orders): the last write's for a read; for a
+    /// write, the reads' too. Done fences are skipped, except failed writes.
+    pub fn for_each_pending(&self, write: bool, mut f: impl FnMut(&Arc<Fence<E>>, bool)) {
         let slots = self.lock();
         if let Some(w) = &slots.write
             && (!w.is_done() || w.state.load(Acquire) >= FAILED)
         {
-            f(w);
+            f(w, true);
         }
         if write {
-            slots.reads.iter().filter(|r| !r.is_done()).for_each(f);
+            for r in slots.reads.iter().filter(|r| !r.is_done()) {
+                f(r, false);
+            }
         }
     }
 

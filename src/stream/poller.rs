@@ -36,6 +36,8 @@ pub(crate) struct Entry {
     pub(crate) fence: Arc<Fence<Event>>,
     /// Fences of this device the work was enqueued behind, not done then.
     pub(crate) parents: Vec<Arc<Fence<Event>>>,
+    /// The op's body failed (after enqueuing some work, perhaps).
+    pub(crate) body_failure: Option<Arc<OpFailure>>,
     /// The op's name, for its failure.
     pub(crate) name: Option<Cow<'static, str>>,
 }
@@ -192,10 +194,15 @@ fn complete(entry: Entry, outcome: Result<(), String>) {
     let Entry {
         fence,
         parents,
+        body_failure,
         name,
     } = entry;
+    // In program order: an input's failure, the body's, the device's.
     let inherited = parents.iter().find_map(|p| p.failure());
     let own = || {
+        if body_failure.is_some() {
+            return body_failure;
+        }
         let message = outcome.err().or_else(|| fence.take_fault())?;
         Some(Arc::new(OpFailure::new(name, FailureKind::Device(message))))
     };
