@@ -1,0 +1,440 @@
+//! Stream devices, on the simulated GPU (the same launcher, fence and
+//! poller code as CUDA): device-side hand-offs, host waiters, write after
+//! read across lanes, errors, deletes and waits covering device work, and
+//! what is refused at push. The real GPU tests are in `tests/cuda.rs`.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::within;
+use depflow::{Engine, Error, Executor, Lane};
+
+/// "Device memory": a cell the enqueued work updates.
+type Mem = Arc<AtomicU64>;
+
+fn gpu_engine(host_threads: usize) -> (Engine, depflow::Device) {
+    let engine = Engine::builder()
+        .threads(host_threads)
+        .device("gpu", Executor::simulated_gpu(2))
+        .build()
+        .unwrap();
+    let gpu = engine.device("gpu").unwrap();
+    (engine, gpu)
+}
+
+/// A gate a device closure blocks on until the test opens it.
+fn gate() -> (mpsc::Sender<()>, Arc<Mutex<mpsc::Receiver<()>>>) {
+    let (tx, rx) = mpsc::channel();
+    (tx, Arc::new(Mutex::new(rx)))
+}
+
+#[test]
+fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        let (open, shut) = gate();
+        // The producer's work blocks on the gate: it cannot finish.
+        let producer = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(0))
+            .mutates(&[&v])
+            .run({
+                let v = v.key();
+                move |ctx| {
+                    let m = ctx.write(v)?.clone();
+                    ctx.stream()?.enqueue(move || {
+                        shut.lock().unwrap().recv().unwrap();
+                        m.store(1, SeqCst);
+                        Ok(())
+                    })
+                }
+            })
+            .unwrap();
+        // The consumer's body runs (its work is enqueued) all the same.
+        let (enqueued_tx, enqueued) = mpsc::channel();
+        let consumer = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&v])
+            .run({
+                let v = v.key();
+                move |ctx| {
+                    let m = ctx.write(v)?.clone();
+                    enqueued_tx.send(()).unwrap();
+                    ctx.stream()?.enqueue(move || {
+                        // Stream order across lanes: the producer's store first.
+                        let seen = m.load(SeqCst);
+                        m.store(seen * 10 + 2, SeqCst);
+                        Ok(())
+                    })
+                }
+            })
+            .unwrap();
+        enqueued.recv_timeout(Duration::from_secs(30)).unwrap();
+        open.send(()).unwrap();
+        producer.wait().unwrap();
+        consumer.wait().unwrap();
+        let got = engine
+            .push(&[&v], &[], {
+                let v = v.key();
+                move |ctx| Ok::<_, Error>(ctx.read(v)?.load(SeqCst))
+            })
+            .unwrap();
+        assert_eq!(got.wait().unwrap(), 12);
+    });
+}
+
+#[test]
+fn a_host_reader_waits_for_device_work_without_holding_a_worker() {
+    within(60, || {
+        // One host worker: if the reader blocked it, `other` could not run.
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        let w = engine.var(0u32);
+        let (open, shut) = gate();
+        engine
+            .op()
+            .on(gpu)
+            .mutates(&[&v])
+            .run({
+                let v = v.key();
+                move |ctx| {
+                    let m = ctx.write(v)?.clone();
+                    ctx.stream()?.enqueue(move || {
+                        shut.lock().unwrap().recv().unwrap();
+                        m.store(5, SeqCst);
+                        Ok(())
+                    })
+                }
+            })
+            .unwrap();
+        let reader = engine
+            .push(&[&v], &[], {
+                let v = v.key();
+                move |ctx| Ok::<_, Error>(ctx.read(v)?.load(SeqCst))
+            })
+            .unwrap();
+        let other = engine
+            .push(&[], &[&w], {
+                let w = w.key();
+                move |ctx| {
+                    *ctx.write(w)? += 1;
+                    Ok::<_, Error>(())
+                }
+            })
+            .unwrap();
+        other.wait().unwrap();
+        open.send(()).unwrap();
+        assert_eq!(reader.wait().unwrap(), 5);
+    });
+}
+
+#[test]
+fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let v = engine.var(Mem::default());
+        let reads_done = Arc::new(AtomicU64::new(0));
+        let (open, shut) = gate();
+        for lane in [Lane::Compute(0), Lane::HostToDevice] {
+            let (done, shut) = (reads_done.clone(), shut.clone());
+            engine
+                .op()
+                .on(gpu)
+                .lane(lane)
+                .reads(&[&v])
+                .run(move |ctx| {
+                    ctx.stream()?.enqueue(move || {
+                        if lane == Lane::Compute(0) {
+                            shut.lock().unwrap().recv().unwrap();
+                        }
+                        done.fetch_add(1, SeqCst);
+                        Ok(())
+                    })
+                })
+                .unwrap();
+        }
+        let (seen_tx, seen) = mpsc::channel();
+        let writer = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&v])
+            .run({
+                let done = reads_done.clone();
+                move |ctx| {
+                    ctx.stream()?.enqueue(move || {
+                        seen_tx.send(done.load(SeqCst)).unwrap();
+                        Ok(())
+                    })
+                }
+            })
+            .unwrap();
+        // And a host write after them too.
+        let host_writer = engine
+            .push(&[], &[&v], {
+                let done = reads_done.clone();
+                move |_| Ok::<_, Error>(done.load(SeqCst))
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            seen.try_recv().is_err(),
+            "the write ran before a read finished"
+        );
+        open.send(()).unwrap();
+        writer.wait().unwrap();
+        assert_eq!(seen.recv().unwrap(), 2);
+        assert_eq!(host_writer.wait().unwrap(), 2);
+    });
+}
+
+#[test]
+fn device_failures_poison_in_program_order() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let v = engine.var(Mem::default());
+        let out = engine.var(Mem::default());
+        let (open, shut) = gate();
+        // Fails on the device, after the consumer below is enqueued.
+        let failing = engine
+            .op()
+            .name("kernel")
+            .on(gpu)
+            .mutates(&[&v])
+            .run(move |ctx| {
+                ctx.stream()?.enqueue(move || {
+                    shut.lock().unwrap().recv().unwrap();
+                    Err("illegal address".to_string())
+                })
+            })
+            .unwrap();
+        let consumer = engine
+            .op()
+            .name("consumer")
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .reads(&[&v])
+            .mutates(&[&out])
+            .run(|ctx| ctx.stream()?.enqueue(|| Ok(())))
+            .unwrap();
+        open.send(()).unwrap();
+        match failing.wait() {
+            Err(Error::Failed(f)) => {
+                assert_eq!(f.op_name(), Some("kernel"));
+                assert!(
+                    f.to_string().contains("device error: illegal address"),
+                    "{f}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Enqueued behind the failure: poisoned by it, and passes it on.
+        match consumer.wait() {
+            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
+            other => panic!("{other:?}"),
+        }
+        for var in [&v, &out] {
+            match engine.wait_for_var(var).wait() {
+                Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Reported once by wait_all: the consumer's is not a new failure.
+        assert!(matches!(
+            engine.wait_all().wait(),
+            Err(Error::Failures { count: 1, .. })
+        ));
+        engine.clear_poison(&v).unwrap();
+        engine.wait_for_var(&v).wait().unwrap();
+    });
+}
+
+#[test]
+fn body_errors_and_panics_fail_the_op() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        let err = engine
+            .op()
+            .on(gpu)
+            .mutates(&[&v])
+            .run(|_| Err::<(), _>("bad shape"));
+        assert!(matches!(err.unwrap().wait(), Err(Error::Failed(_))));
+        engine.clear_poison(&v).unwrap();
+        let panicking = engine
+            .op()
+            .on(gpu)
+            .mutates(&[&v])
+            .run(|ctx| ctx.stream()?.enqueue(|| panic!("in the host function")));
+        match panicking.unwrap().wait() {
+            Err(Error::Failed(f)) => assert!(f.to_string().contains("in the host function"), "{f}"),
+            other => panic!("{other:?}"),
+        }
+        let _ = engine.wait_all().wait();
+    });
+}
+
+#[test]
+fn delete_and_waits_cover_device_work() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        let work_done = Arc::new(AtomicBool::new(false));
+        let (open, shut) = gate();
+        engine
+            .op()
+            .on(gpu)
+            .mutates(&[&v])
+            .run({
+                let done = work_done.clone();
+                move |ctx| {
+                    ctx.stream()?.enqueue(move || {
+                        shut.lock().unwrap().recv().unwrap();
+                        done.store(true, SeqCst);
+                        Ok(())
+                    })
+                }
+            })
+            .unwrap();
+        let all = std::thread::spawn({
+            let engine = engine.clone();
+            move || engine.wait_all().wait()
+        });
+        let (freed_tx, freed) = mpsc::channel();
+        let delete = engine
+            .delete_var(&v, {
+                let done = work_done.clone();
+                move |_| freed_tx.send(done.load(SeqCst)).unwrap()
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !all.is_finished(),
+            "wait_all returned before the device work"
+        );
+        assert!(
+            freed.try_recv().is_err(),
+            "the memory was freed under the device"
+        );
+        open.send(()).unwrap();
+        delete.wait().unwrap();
+        assert!(
+            freed.recv().unwrap(),
+            "freed before the device work finished"
+        );
+        all.join().unwrap().unwrap();
+    });
+}
+
+#[test]
+fn resource_units_stay_taken_until_the_device_work_is_done() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let memory = engine.new_resource("gpu memory", 1);
+        let (a, b) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let running = Arc::new(AtomicU64::new(0));
+        let mut handles = Vec::new();
+        for var in [&a, &b] {
+            let running = running.clone();
+            let h = engine
+                .op()
+                .on(gpu)
+                .lane(Lane::Compute(handles.len() as u8))
+                .mutates(&[var])
+                .uses(&memory, 1)
+                .run(move |ctx| {
+                    ctx.stream()?.enqueue(move || {
+                        assert_eq!(running.fetch_add(1, SeqCst), 0, "two ops hold the unit");
+                        std::thread::sleep(Duration::from_millis(5));
+                        running.fetch_sub(1, SeqCst);
+                        Ok(())
+                    })
+                })
+                .unwrap();
+            handles.push(h);
+        }
+        for h in handles {
+            h.wait().unwrap();
+        }
+        assert_eq!(memory.in_use(), 0);
+    });
+}
+
+#[test]
+fn misuse_is_refused_at_push() {
+    let (engine, gpu) = gpu_engine(1);
+    let v = engine.new_var();
+    let on_host = engine
+        .op()
+        .lane(Lane::Compute(0))
+        .mutates(&[&v])
+        .run(|_| Ok::<_, Error>(()));
+    assert!(matches!(on_host, Err(Error::Stream(_))));
+    let no_lane = engine
+        .op()
+        .on(gpu)
+        .lane(Lane::Compute(2))
+        .mutates(&[&v])
+        .run(|_| Ok::<_, Error>(()));
+    assert!(matches!(no_lane, Err(Error::Stream(_))));
+    let asynchronous = engine
+        .op()
+        .on(gpu)
+        .mutates(&[&v])
+        .run_async(|_| async { Ok::<_, Error>(()) });
+    assert!(matches!(asynchronous, Err(Error::Stream(_))));
+    let no_stream = engine.push(&[], &[&v], |ctx| ctx.stream().map(|_| ()));
+    assert!(matches!(no_stream.unwrap().wait(), Err(Error::Failed(_))));
+    let default_gpu = Engine::builder()
+        .executor(Executor::simulated_gpu(1))
+        .build();
+    assert!(matches!(default_gpu, Err(Error::Config(_))));
+    let no_compute = Engine::builder()
+        .device("gpu", Executor::simulated_gpu(0))
+        .build();
+    assert!(matches!(no_compute, Err(Error::Config(_))));
+}
+
+#[test]
+fn a_long_chain_alternating_lanes_keeps_program_order() {
+    within(120, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        for i in 0..2000u64 {
+            engine
+                .op()
+                .on(gpu)
+                .lane(Lane::Compute((i % 2) as u8))
+                .mutates(&[&v])
+                .run({
+                    let v = v.key();
+                    move |ctx| {
+                        let m = ctx.write(v)?.clone();
+                        ctx.stream()?.enqueue(move || {
+                            assert_eq!(m.fetch_add(1, SeqCst), i, "out of order");
+                            Ok(())
+                        })
+                    }
+                })
+                .unwrap();
+        }
+        engine.wait_for_var(&v).wait().unwrap();
+        assert_eq!(v.version(), 2000);
+        let got = engine
+            .push(&[&v], &[], {
+                let v = v.key();
+                move |ctx| Ok::<_, Error>(ctx.read(v)?.load(SeqCst))
+            })
+            .unwrap();
+        assert_eq!(got.wait().unwrap(), 2000);
+        engine.wait_all().wait().unwrap();
+    });
+}
