@@ -72,6 +72,9 @@
 //! ([`Executor::inline`], for debugging), or any function of yours
 //! ([`Executor::custom`], e.g. spawning onto tokio). An engine may have several
 //! named devices, each with its own executor ([`EngineBuilder::device`]).
+//! A *stream device* (a GPU with `--features cuda`, or a simulated one) runs
+//! ops that enqueue work on its streams and complete when that work does;
+//! see [`stream`].
 //!
 //! # How it works
 //!

@@ -497,7 +497,7 @@ fn run(
                     };
                     let lane = lanes[i % lanes.len()];
                     pending.push(push_on_streams(
-                        engine, name, i, step, lane, &vars, cells, work, pools,
+                        engine, name, i, step, lane, vars, cells, work, pools,
                     ));
                     continue;
                 }
