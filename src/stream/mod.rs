@@ -28,7 +28,7 @@
 //! Errors: a failed launch or a host function's error fails the op like any
 //! error; an error reported with the event fails the op when the poller sees
 //! it, and poisons what it mutates. A consumer already enqueued behind a
-//! failed op's event resolves to [`Error::Poisoned`](crate::Error::Poisoned)
+//! failed op's event resolves to [`Error::Poisoned`]
 //! with the original failure, and passes the poison on.
 //!
 //! [`OpCtx::stream`]: crate::OpCtx::stream
