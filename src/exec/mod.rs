@@ -161,6 +161,12 @@ impl Executor {
     /// fails with [`Error::Config`](crate::Error::Config) where there is no
     /// such device; check [`cuda_device_count`](crate::stream::cuda_device_count)
     /// first to fall back to CPU devices.
+    ///
+    /// One launcher thread runs every op body of the device, so a body must
+    /// only enqueue: a blocking call in it (a synchronize, a copy from
+    /// pageable host memory) stalls every lane's enqueues. cudarc's own event
+    /// tracking is per `CudaContext` object: turn it off on the context you
+    /// allocate with if only engine ops touch the memory.
     #[cfg(feature = "cuda")]
     pub fn cuda(ordinal: usize, compute_streams: usize) -> Self {
         Executor(Kind::Streams(Spec::Cuda {
