@@ -16,7 +16,9 @@
 //! ops enqueue their computation on a lane (random) and fail or panic on
 //! the device or in the body, so the replay also checks stream order,
 //! cross-lane waits, host ops waiting for device work, and poison reported
-//! by the device. Variable values are "device memory" (an atomic cell the
+//! by the device (with `--features cuda` and a GPU, also on two CUDA
+//! devices, the work running as host functions in stream order). Variable
+//! values are "device memory" (an atomic cell the
 //! enqueued work updates). Device ops take no lasting units: an op already
 //! enqueued behind failed device work has handed its allocation on (see
 //! `stream`), which a serial replay would not.
@@ -766,9 +768,25 @@ fn random_programs_match_a_serial_replay_on_every_executor() {
         .device("d2", depflow::Executor::simulated_gpu(1))
         .build()
         .unwrap();
-    for (name, engine) in engines().into_iter().chain([("streams", streams)]) {
+    let mut all = engines();
+    all.push(("streams", streams));
+    // The same programs on a real GPU (their device work is host functions,
+    // run through cuLaunchHostFunc) where there is one.
+    #[cfg(feature = "cuda")]
+    if depflow::stream::cuda_device_count() > 0 {
+        let cuda = Engine::builder()
+            .threads(2)
+            .device("d1", depflow::Executor::cuda(0, 2))
+            .device("d2", depflow::Executor::cuda(0, 1))
+            .build()
+            .unwrap();
+        all.push(("cuda", cuda));
+    } else {
+        eprintln!("no CUDA device: the differential test skips the CUDA executor");
+    }
+    for (name, engine) in all {
         let name = name.to_string();
-        let streams = name == "streams";
+        let streams = name == "streams" || name == "cuda";
         within(600, move || {
             for seed in 0..n {
                 let pushers = if seed % 4 == 3 {
