@@ -417,13 +417,15 @@ impl OpBlock {
             // SAFETY: the op is running, so it holds a grant on every edge.
             if unsafe { e.var.is_live() } {
                 // A failed device write poisons too (until a host op with
-                // the write grant turns it into the variable's state).
-                match e.var.fences().write_failure() {
-                    Some(cause) if streams && self.flags & MAINTENANCE == 0 => {
-                        return Some(Skip::Poisoned(cause));
-                    }
-                    _ => continue,
+                // the write grant turns it into the variable's state). Only
+                // engines with stream devices look: it takes a lock.
+                if streams
+                    && self.flags & MAINTENANCE == 0
+                    && let Some(cause) = e.var.fences().write_failure()
+                {
+                    return Some(Skip::Poisoned(cause));
                 }
+                continue;
             }
             // SAFETY: as above.
             match unsafe { e.var.state() } {
