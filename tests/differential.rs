@@ -486,27 +486,6 @@ fn run(
                     p.end(units, out, true);
                     inputs
                 };
-                let on_streams = streams && *device % 3 != 0;
-                if on_streams {
-                    let lanes: &[Lane] = match *device % 3 {
-                        1 => &[
-                            Lane::Compute(0),
-                            Lane::Compute(1),
-                            Lane::HostToDevice,
-                            Lane::DeviceToHost,
-                        ],
-                        _ => &[Lane::Compute(0), Lane::HostToDevice, Lane::DeviceToHost],
-                    };
-                    let lane = lanes[i % lanes.len()];
-                    pending.push(push_on_streams(
-                        engine, name, i, step, lane, vars, cells, work, pools,
-                    ));
-                    continue;
-                }
-                let compute_all = move |ctx: &depflow::OpCtx| -> Result<u64, Error> {
-                    let (ins, outs) = cells(ctx)?;
-                    Ok(work(&ins, &outs))
-                };
                 let failing = {
                     let p = pools.clone();
                     move || {
@@ -523,6 +502,33 @@ fn run(
                     .mutates(&m_decl)
                     .uses(&pools.shared, units.shared)
                     .uses(&pools.own, units.own);
+                if streams && *device % 3 != 0 {
+                    let lanes: &[Lane] = match *device % 3 {
+                        1 => &[
+                            Lane::Compute(0),
+                            Lane::Compute(1),
+                            Lane::HostToDevice,
+                            Lane::DeviceToHost,
+                        ],
+                        _ => &[Lane::Compute(0), Lane::HostToDevice, Lane::DeviceToHost],
+                    };
+                    let lane = lanes[i % lanes.len()];
+                    let r = run_on_streams(
+                        builder.lane(lane),
+                        i,
+                        body.clone(),
+                        units,
+                        cells,
+                        work,
+                        pools,
+                    );
+                    pending.push(r);
+                    continue;
+                }
+                let compute_all = move |ctx: &depflow::OpCtx| -> Result<u64, Error> {
+                    let (ins, outs) = cells(ctx)?;
+                    Ok(work(&ins, &outs))
+                };
                 let builder = match out {
                     Some(v) if units.alloc > 0 => {
                         builder.allocates(&pools.own, units.alloc, &vars[v])
@@ -572,82 +578,56 @@ fn run(
     pending
 }
 
-/// Pushes an op on a stream device: its body takes its cells and enqueues
-/// the computation (or the failure: in the body or on the device, by the
-/// op's parity).
-#[allow(clippy::too_many_arguments)]
-fn push_on_streams(
-    engine: &Engine,
-    name: &str,
+/// Runs an op on a stream device (its builder ready): its body takes its
+/// cells and enqueues the computation (or the failure: in the body or on the
+/// device, by the op's parity). Stream ops take no lasting units.
+fn run_on_streams(
+    builder: depflow::OpBuilder<'_>,
     i: usize,
-    step: &Step,
-    lane: Lane,
-    vars: &[Var<Mem>],
+    body: Body,
+    units: Units,
     cells: impl FnOnce(&depflow::OpCtx) -> Result<(Vec<Mem>, Vec<Mem>), Error> + Send + 'static,
     work: impl FnOnce(&[Mem], &[Mem]) -> u64 + Send + 'static,
     pools: &Pools,
 ) -> Pending {
-    let Step::Op {
-        reads,
-        mutates,
-        body,
-        priority,
-        device,
-        units,
-    } = step
-    else {
-        unreachable!()
-    };
-    let r_decl: Vec<&dyn AnyVar> = reads.iter().map(|&r| &vars[r] as &dyn AnyVar).collect();
-    let m_decl: Vec<&dyn AnyVar> = mutates.iter().map(|&m| &vars[m] as &dyn AnyVar).collect();
-    let (units, body, p) = (*units, body.clone(), pools.clone());
+    let p = pools.clone();
     let result = Arc::new(AtomicI64::new(0));
     let r2 = result.clone();
     let on_device = i % 2 == 0;
-    let handle = engine
-        .op()
-        .name(format!("{name}{i}"))
-        .priority(*priority)
-        .on(engine.device(&format!("d{}", device % 3)).unwrap())
-        .lane(lane)
-        .reads(&r_decl)
-        .mutates(&m_decl)
-        .uses(&pools.shared, units.shared)
-        .uses(&pools.own, units.own)
-        .run(move |ctx| -> Result<(), Error> {
-            let stream = ctx.stream()?;
-            let fail = matches!(body, Body::Fail | Body::Panic);
-            if fail && !on_device {
+    let handle = builder.run(move |ctx| -> Result<(), Error> {
+        let stream = ctx.stream()?;
+        let fail = matches!(body, Body::Fail | Body::Panic);
+        if fail && !on_device {
+            p.start(units);
+            p.end(units, None, false);
+            return match body {
+                Body::Fail => Err(Error::Stream("planned failure".into())),
+                _ => panic!("planned panic"),
+            };
+        }
+        let (ins, outs) = if fail {
+            Default::default()
+        } else {
+            cells(ctx)?
+        };
+        stream.enqueue(move || {
+            if fail {
                 p.start(units);
                 p.end(units, None, false);
-                return match body {
-                    Body::Fail => Err(Error::Stream("planned failure".into())),
-                    _ => panic!("planned panic"),
-                };
-            }
-            let (ins, outs) = if fail {
-                Default::default()
-            } else {
-                cells(ctx)?
-            };
-            stream.enqueue(move || {
-                if fail {
-                    p.start(units);
-                    p.end(units, None, false);
-                    match body {
-                        Body::Fail => return Err("planned failure".into()),
-                        _ => panic!("planned panic"),
-                    }
-                }
                 match body {
-                    Body::Sleep(us) => std::thread::sleep(Duration::from_micros(us)),
-                    Body::Spin(n) => (0..n).for_each(|_| std::hint::spin_loop()),
-                    _ => {}
+                    Body::Fail => return Err("planned failure".into()),
+                    _ => panic!("planned panic"),
                 }
-                r2.store(work(&ins, &outs) as i64, SeqCst);
-                Ok(())
-            })
-        });
+            }
+            match body {
+                Body::Sleep(us) => std::thread::sleep(Duration::from_micros(us)),
+                Body::Spin(n) => (0..n).for_each(|_| std::hint::spin_loop()),
+                _ => {}
+            }
+            r2.store(work(&ins, &outs) as i64, SeqCst);
+            Ok(())
+        })
+    });
     Box::new(move || {
         to_outcome(handle.and_then(|h| h.wait()), |()| {
             Outcome::Value(result.load(SeqCst) as u64)

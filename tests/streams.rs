@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::within;
-use depflow::{Engine, Error, Executor, Lane};
+use depflow::{Engine, Error, Executor, Lane, OpHandle, Var};
 
 /// "Device memory": a cell the enqueued work updates.
 type Mem = Arc<AtomicU64>;
@@ -27,9 +27,55 @@ fn gpu_engine(host_threads: usize) -> (Engine, depflow::Device) {
 }
 
 /// A gate a device closure blocks on until the test opens it.
-fn gate() -> (mpsc::Sender<()>, Arc<Mutex<mpsc::Receiver<()>>>) {
+#[derive(Clone)]
+struct Gate(Arc<Mutex<mpsc::Receiver<()>>>);
+
+impl Gate {
+    fn pass(&self) {
+        self.0.lock().unwrap().recv().unwrap();
+    }
+}
+
+/// The sender opens the gate.
+fn gate() -> (mpsc::Sender<()>, Gate) {
     let (tx, rx) = mpsc::channel();
-    (tx, Arc::new(Mutex::new(rx)))
+    (tx, Gate(Arc::new(Mutex::new(rx))))
+}
+
+/// Pushes an op on `lane` of `gpu` whose device work waits for `shut`,
+/// then stores `value` in `v`.
+fn gated_store(
+    engine: &Engine,
+    gpu: depflow::Device,
+    lane: Lane,
+    v: &Var<Mem>,
+    shut: Gate,
+    value: u64,
+) -> OpHandle<()> {
+    let k = v.key();
+    engine
+        .op()
+        .on(gpu)
+        .lane(lane)
+        .mutates(&[v])
+        .run(move |ctx| {
+            let m = ctx.write(k)?.clone();
+            ctx.stream()?.enqueue(move || {
+                shut.pass();
+                m.store(value, SeqCst);
+                Ok(())
+            })
+        })
+        .unwrap()
+}
+
+/// `v`'s value, read by a host op (after the device work on it).
+fn read_on_host(engine: &Engine, v: &Var<Mem>) -> u64 {
+    let k = v.key();
+    let got = engine.push(&[v], &[], move |ctx| {
+        Ok::<_, Error>(ctx.read(k)?.load(SeqCst))
+    });
+    got.unwrap().wait().unwrap()
 }
 
 #[test]
@@ -39,23 +85,7 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
         let v = engine.var(Mem::default());
         let (open, shut) = gate();
         // The producer's work blocks on the gate: it cannot finish.
-        let producer = engine
-            .op()
-            .on(gpu)
-            .lane(Lane::Compute(0))
-            .mutates(&[&v])
-            .run({
-                let v = v.key();
-                move |ctx| {
-                    let m = ctx.write(v)?.clone();
-                    ctx.stream()?.enqueue(move || {
-                        shut.lock().unwrap().recv().unwrap();
-                        m.store(1, SeqCst);
-                        Ok(())
-                    })
-                }
-            })
-            .unwrap();
+        let producer = gated_store(&engine, gpu, Lane::Compute(0), &v, shut, 1);
         // The consumer's body runs (its work is enqueued) all the same.
         let (enqueued_tx, enqueued) = mpsc::channel();
         let consumer = engine
@@ -81,13 +111,7 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
         open.send(()).unwrap();
         producer.wait().unwrap();
         consumer.wait().unwrap();
-        let got = engine
-            .push(&[&v], &[], {
-                let v = v.key();
-                move |ctx| Ok::<_, Error>(ctx.read(v)?.load(SeqCst))
-            })
-            .unwrap();
-        assert_eq!(got.wait().unwrap(), 12);
+        assert_eq!(read_on_host(&engine, &v), 12);
     });
 }
 
@@ -99,22 +123,7 @@ fn a_host_reader_waits_for_device_work_without_holding_a_worker() {
         let v = engine.var(Mem::default());
         let w = engine.var(0u32);
         let (open, shut) = gate();
-        engine
-            .op()
-            .on(gpu)
-            .mutates(&[&v])
-            .run({
-                let v = v.key();
-                move |ctx| {
-                    let m = ctx.write(v)?.clone();
-                    ctx.stream()?.enqueue(move || {
-                        shut.lock().unwrap().recv().unwrap();
-                        m.store(5, SeqCst);
-                        Ok(())
-                    })
-                }
-            })
-            .unwrap();
+        gated_store(&engine, gpu, Lane::default(), &v, shut, 5);
         let reader = engine
             .push(&[&v], &[], {
                 let v = v.key();
@@ -153,7 +162,7 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
                 .run(move |ctx| {
                     ctx.stream()?.enqueue(move || {
                         if lane == Lane::Compute(0) {
-                            shut.lock().unwrap().recv().unwrap();
+                            shut.pass();
                         }
                         done.fetch_add(1, SeqCst);
                         Ok(())
@@ -211,7 +220,7 @@ fn device_failures_poison_in_program_order() {
             .mutates(&[&v])
             .run(move |ctx| {
                 ctx.stream()?.enqueue(move || {
-                    shut.lock().unwrap().recv().unwrap();
+                    shut.pass();
                     Err("illegal address".to_string())
                 })
             })
@@ -297,7 +306,7 @@ fn delete_and_waits_cover_device_work() {
                 let done = work_done.clone();
                 move |ctx| {
                     ctx.stream()?.enqueue(move || {
-                        shut.lock().unwrap().recv().unwrap();
+                        shut.pass();
                         done.store(true, SeqCst);
                         Ok(())
                     })
@@ -428,13 +437,7 @@ fn a_long_chain_alternating_lanes_keeps_program_order() {
         }
         engine.wait_for_var(&v).wait().unwrap();
         assert_eq!(v.version(), 2000);
-        let got = engine
-            .push(&[&v], &[], {
-                let v = v.key();
-                move |ctx| Ok::<_, Error>(ctx.read(v)?.load(SeqCst))
-            })
-            .unwrap();
-        assert_eq!(got.wait().unwrap(), 2000);
+        assert_eq!(read_on_host(&engine, &v), 2000);
         engine.wait_all().wait().unwrap();
     });
 }
