@@ -1145,6 +1145,9 @@ impl<'a> OpBuilder<'a> {
 
     /// The op's lane on a stream device (None elsewhere).
     fn lane_index<B: Body>(&self, device: u16) -> Result<Option<u8>, Error> {
+        if self.lane.is_none() && !self.engine.shared().has_streams {
+            return Ok(None); // the common case, one load
+        }
         let lane = self.lane.unwrap_or_default();
         match self.engine.shared().streams(device) {
             None if self.lane.is_some() => Err(Error::Stream(format!(
