@@ -35,33 +35,27 @@
 //! are compiled at run time with NVRTC and the host buffers are pinned (a
 //! copy from or to pageable memory blocks the launcher thread until done).
 
+#[path = "../examples/gpu/backend.rs"]
+mod backend;
+
 use std::ops::Range;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use depflow::{BoxError, Device, Engine, Executor, Lane, OpHandle, Stream, Var};
+use depflow::{Device, Engine, Executor, Lane, OpHandle, Stream, Var};
 
-type Res<T = ()> = Result<T, BoxError>;
+use backend::{Gpu, Pipeline, Res, SIM_LEN, Sim, f, ms, wrong};
 
 const USAGE: &str = "usage: cargo bench --bench gpu [--features cuda] -- [--quick] [--help]
   --quick   1000 kernels and 16 chunks (instead of 10000 and 64), one run each";
-const A: f32 = 1.5;
-const B: f32 = -0.25;
 
-/// The pipeline's kernel: the CPU reference.
-fn f(x: f32) -> f32 {
-    let y = A * x + B;
-    y / (1.0 + y.abs())
-}
-
-/// What the measurements need of a GPU; everything on a `Stream` is
-/// enqueued (it returns before the work is done).
-trait Gpu: Send + Sync + 'static {
+/// What the measurements need of a GPU beyond the pipeline's stages: the
+/// hand-off chain's counter and kernel, its floor, and the engine's device.
+/// Everything on a `Stream` is enqueued (it returns before the work is done).
+trait Bench: Gpu {
     type Counter: Send + Sync + 'static;
-    type Host: Send + Sync + 'static;
-    type Dev: Send + Sync + 'static;
     fn label(&self) -> String;
     fn executor(&self) -> Executor;
     /// Floats per pipeline chunk.
@@ -73,19 +67,9 @@ trait Gpu: Send + Sync + 'static {
     fn count(&self, x: &Self::Counter) -> Res<u64>;
     /// `n` of the same kernels on one stream, no engine (checked).
     fn floor(&self, n: u64) -> Res<Duration>;
-    fn host(&self, data: &[f32]) -> Res<Self::Host>;
-    fn dev(&self, len: usize) -> Res<Self::Dev>;
-    fn h2d(&self, s: &Stream, src: &Self::Host, dst: &mut Self::Dev) -> Res;
-    fn kernel(&self, s: &Stream, x: &mut Self::Dev) -> Res;
-    fn d2h(&self, s: &Stream, src: &Self::Dev, dst: &mut Self::Host) -> Res;
-    /// From a host op: the values, leaving NaNs.
-    fn take(&self, h: &mut Self::Host) -> Res<Vec<f32>>;
 }
 
 // ---- The simulated GPU ----
-
-struct Sim;
-type SimBuf = Arc<Mutex<Vec<f32>>>;
 
 /// The simulated kernel `i` of a chain: fails if it runs out of order.
 fn sim_bump(x: Arc<AtomicU64>, i: u64) -> impl FnOnce() -> Result<(), String> + Send + 'static {
@@ -98,24 +82,8 @@ fn sim_bump(x: Arc<AtomicU64>, i: u64) -> impl FnOnce() -> Result<(), String> + 
     }
 }
 
-fn lock(b: &SimBuf) -> Result<MutexGuard<'_, Vec<f32>>, String> {
-    b.lock()
-        .map_err(|_| "a closure panicked holding the buffer".to_string())
-}
-
-fn sim_copy(s: &Stream, src: &SimBuf, dst: &SimBuf) -> Res {
-    let (src, dst) = (src.clone(), dst.clone());
-    s.enqueue(move || {
-        lock(&dst)?.copy_from_slice(&lock(&src)?);
-        Ok(())
-    })?;
-    Ok(())
-}
-
-impl Gpu for Sim {
+impl Bench for Sim {
     type Counter = Arc<AtomicU64>;
-    type Host = SimBuf;
-    type Dev = SimBuf;
     fn label(&self) -> String {
         "simulated GPU (no CUDA device): engine overhead only, not GPU figures".into()
     }
@@ -123,7 +91,7 @@ impl Gpu for Sim {
         Executor::simulated_gpu(2)
     }
     fn chunk_len(&self) -> usize {
-        1 << 16
+        SIM_LEN
     }
     fn counter(&self) -> Res<Self::Counter> {
         Ok(Arc::default())
@@ -147,31 +115,6 @@ impl Gpu for Sim {
         check_count("floor", self.count(&x)?, n)?;
         Ok(took)
     }
-    fn host(&self, data: &[f32]) -> Res<SimBuf> {
-        Ok(Arc::new(Mutex::new(data.to_vec())))
-    }
-    fn dev(&self, len: usize) -> Res<SimBuf> {
-        Ok(Arc::new(Mutex::new(vec![0.0; len])))
-    }
-    fn h2d(&self, s: &Stream, src: &SimBuf, dst: &mut SimBuf) -> Res {
-        sim_copy(s, src, dst)
-    }
-    fn kernel(&self, s: &Stream, x: &mut SimBuf) -> Res {
-        let x = x.clone();
-        s.enqueue(move || {
-            lock(&x)?.iter_mut().for_each(|v| *v = f(*v));
-            Ok(())
-        })?;
-        Ok(())
-    }
-    fn d2h(&self, s: &Stream, src: &SimBuf, dst: &mut SimBuf) -> Res {
-        sim_copy(s, src, dst)
-    }
-    fn take(&self, h: &mut SimBuf) -> Res<Vec<f32>> {
-        let mut h = lock(h)?;
-        let nans = vec![f32::NAN; h.len()];
-        Ok(std::mem::replace(&mut *h, nans))
-    }
 }
 
 // ---- CUDA ----
@@ -182,61 +125,40 @@ mod cuda {
     use std::time::{Duration, Instant};
 
     use cudarc::driver::{
-        CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
-        PushKernelArg,
+        CudaFunction, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg,
     };
     use depflow::{Executor, Stream};
 
-    use super::{A, B, Gpu, Res, check_count};
+    use super::backend::cuda::cu;
+    use super::backend::{CUDA_LEN, Gpu};
+    use super::{Bench, Res, check_count};
 
-    const KERNELS: &str = r#"
-extern "C" __global__ void bump(unsigned int* x) { x[threadIdx.x] += 1; }
-extern "C" __global__ void affine_softsign(float* x, int n, float a, float b) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { float y = a * x[i] + b; x[i] = y / (1.0f + fabsf(y)); }
-}"#;
+    const BUMP_KERNEL: &str = r#"
+extern "C" __global__ void bump(unsigned int* x) { x[threadIdx.x] += 1; }"#;
     const BUMP: LaunchConfig = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (32, 1, 1),
         shared_mem_bytes: 0,
     };
 
+    /// The shared CUDA backend, plus the chain's kernel and the floor's stream.
     pub struct Cuda {
-        ctx: Arc<CudaContext>,
-        /// This context's default stream: allocations and reading counters.
-        alloc: Arc<CudaStream>,
+        base: super::backend::cuda::Cuda,
         /// The floor's stream.
         floor: Arc<CudaStream>,
         bump: CudaFunction,
-        softsign: CudaFunction,
-        name: String,
-    }
-
-    fn cu(s: &Stream) -> Res<&Arc<CudaStream>> {
-        s.cuda().ok_or_else(|| "not a CUDA stream".into())
     }
 
     impl Cuda {
         pub fn new() -> Res<Self> {
-            // Device 0's primary context, which the engine's device shares.
-            let ctx = CudaContext::new(0)?;
-            // SAFETY: only the engine orders the work on the buffers allocated
-            // below (or, for the floor, one stream): cudarc's own tracking of
-            // CudaSlices across streams (an event waited for and recorded at
-            // each use) would order it a second time and cost launches.
-            unsafe { ctx.disable_event_tracking() };
-            // SAFETY: only tries to open the library.
-            if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                return Err("NVRTC (libnvrtc) not found: it compiles the kernels".into());
-            }
-            let module = ctx.load_module(cudarc::nvrtc::compile_ptx(KERNELS)?)?;
+            let base = super::backend::cuda::Cuda::new()?;
+            let module = base
+                .ctx
+                .load_module(cudarc::nvrtc::compile_ptx(BUMP_KERNEL)?)?;
             Ok(Self {
-                name: ctx.name()?,
-                alloc: ctx.default_stream(),
-                floor: ctx.new_stream()?,
+                floor: base.ctx.new_stream()?,
                 bump: module.load_function("bump")?,
-                softsign: module.load_function("affine_softsign")?,
-                ctx,
+                base,
             })
         }
 
@@ -249,31 +171,54 @@ extern "C" __global__ void affine_softsign(float* x, int n, float a, float b) {
         }
     }
 
+    /// The pipeline's stages: the shared backend's.
     impl Gpu for Cuda {
-        type Counter = CudaSlice<u32>;
         type Host = PinnedHostSlice<f32>;
         type Dev = CudaSlice<f32>;
+        fn host(&self, data: &[f32]) -> Res<Self::Host> {
+            self.base.host(data)
+        }
+        fn dev(&self, len: usize) -> Res<Self::Dev> {
+            self.base.dev(len)
+        }
+        fn h2d(&self, s: &Stream, src: &Self::Host, dst: &mut Self::Dev) -> Res {
+            self.base.h2d(s, src, dst)
+        }
+        fn kernel(&self, s: &Stream, x: &mut Self::Dev) -> Res {
+            self.base.kernel(s, x)
+        }
+        fn d2h(&self, s: &Stream, src: &Self::Dev, dst: &mut Self::Host) -> Res {
+            self.base.d2h(s, src, dst)
+        }
+        fn take(&self, h: &mut Self::Host) -> Res<Vec<f32>> {
+            self.base.take(h)
+        }
+    }
+
+    impl Bench for Cuda {
+        type Counter = CudaSlice<u32>;
         fn label(&self) -> String {
-            format!("CUDA device 0 ({})", self.name)
+            format!("CUDA device 0 ({})", self.base.name)
         }
         fn executor(&self) -> Executor {
             Executor::cuda(0, 2)
         }
         fn chunk_len(&self) -> usize {
-            1 << 20
+            CUDA_LEN
         }
         fn counter(&self) -> Res<Self::Counter> {
-            let x = self.alloc.alloc_zeros::<u32>(BUMP.block_dim.0 as usize)?;
+            let alloc = &self.base.alloc;
+            let x = alloc.alloc_zeros::<u32>(BUMP.block_dim.0 as usize)?;
             // The engine's (non-blocking) streams do not wait for this one.
-            self.alloc.synchronize()?;
+            alloc.synchronize()?;
             Ok(x)
         }
         fn bump(&self, s: &Stream, x: &mut Self::Counter, _: u64) -> Res {
             self.launch_bump(cu(s)?, x)
         }
         fn count(&self, x: &Self::Counter) -> Res<u64> {
-            let v = self.alloc.clone_dtoh(x)?;
-            self.alloc.synchronize()?;
+            let v = self.base.alloc.clone_dtoh(x)?;
+            self.base.alloc.synchronize()?;
             match v.iter().min() == v.iter().max() {
                 true => Ok(u64::from(v[0])),
                 false => Err(format!("counter elements differ: {v:?}").into()),
@@ -294,38 +239,6 @@ extern "C" __global__ void affine_softsign(float* x, int n, float a, float b) {
             check_count("floor", self.count(&x)?, n + 100)?;
             Ok(took)
         }
-        fn host(&self, data: &[f32]) -> Res<Self::Host> {
-            // Pinned, not write-combined: the host reads the outputs back.
-            // SAFETY: uninitialized memory, written at once.
-            let mut h = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(data.len(), 0) }?;
-            h.as_mut_slice()?.copy_from_slice(data);
-            Ok(h)
-        }
-        fn dev(&self, len: usize) -> Res<Self::Dev> {
-            let d = self.alloc.alloc_zeros::<f32>(len)?;
-            self.alloc.synchronize()?;
-            Ok(d)
-        }
-        fn h2d(&self, s: &Stream, src: &Self::Host, dst: &mut Self::Dev) -> Res {
-            Ok(cu(s)?.memcpy_htod(src, dst)?)
-        }
-        fn kernel(&self, s: &Stream, x: &mut Self::Dev) -> Res {
-            let n = i32::try_from(x.len())?;
-            let mut launch = cu(s)?.launch_builder(&self.softsign);
-            launch.arg(x).arg(&n).arg(&A).arg(&B);
-            // SAFETY: the arguments match the kernel's; `n` is x's length.
-            unsafe { launch.launch(LaunchConfig::for_num_elems(n as u32)) }?;
-            Ok(())
-        }
-        fn d2h(&self, s: &Stream, src: &Self::Dev, dst: &mut Self::Host) -> Res {
-            Ok(cu(s)?.memcpy_dtoh(src, dst)?)
-        }
-        fn take(&self, h: &mut Self::Host) -> Res<Vec<f32>> {
-            let h = h.as_mut_slice()?;
-            let values = h.to_vec();
-            h.fill(f32::NAN);
-            Ok(values)
-        }
     }
 }
 
@@ -338,14 +251,12 @@ fn check_count(what: &str, got: u64, want: u64) -> Res {
     }
 }
 
-fn engine_on<G: Gpu>(g: &G) -> Res<(Engine, Device)> {
-    let engine = Engine::builder().device("gpu", g.executor()).build()?;
-    let gpu = engine.device("gpu").ok_or("no device `gpu`")?;
-    Ok((engine, gpu))
+fn engine_on<G: Bench>(g: &G) -> Res<(Engine, Device)> {
+    backend::engine_on(g.executor())
 }
 
 /// Pushes kernels `range` of a chain on `x`, alternating compute streams.
-fn push_chain<G: Gpu>(
+fn push_chain<G: Bench>(
     e: &Engine,
     gpu: Device,
     g: &Arc<G>,
@@ -367,14 +278,14 @@ fn push_chain<G: Gpu>(
 }
 
 /// The counter's value, read by a host op (after the chain's last kernel).
-fn read_count<G: Gpu>(e: &Engine, g: &Arc<G>, x: &Var<G::Counter>) -> Res<u64> {
+fn read_count<G: Bench>(e: &Engine, g: &Arc<G>, x: &Var<G::Counter>) -> Res<u64> {
     let (g, k) = (g.clone(), x.key());
     Ok(e.push(&[x], &[], move |ctx| g.count(&*ctx.read(k)?))?
         .wait()?)
 }
 
 /// Figure 1: (engine, floor), best of `runs`.
-fn handoff<G: Gpu>(g: &Arc<G>, n: u64, runs: usize) -> Res<(Duration, Duration)> {
+fn handoff<G: Bench>(g: &Arc<G>, n: u64, runs: usize) -> Res<(Duration, Duration)> {
     let (engine, gpu) = engine_on(&**g)?;
     let warm = engine.var(g.counter()?);
     push_chain(&engine, gpu, g, &warm, 0..100)?;
@@ -393,99 +304,20 @@ fn handoff<G: Gpu>(g: &Arc<G>, n: u64, runs: usize) -> Res<(Duration, Duration)>
     Ok((best, floor))
 }
 
-struct Chunk<G: Gpu> {
-    input: Var<G::Host>,
-    dev: Var<G::Dev>,
-    output: Var<G::Host>,
-}
-
-/// Pushes chunk `c`'s op of stage `s` (0: copy in, 1: kernel, 2: copy out).
-fn push_stage<G: Gpu>(
-    e: &Engine,
-    gpu: Device,
-    g: &Arc<G>,
-    s: usize,
-    c: usize,
-    ch: &Chunk<G>,
-) -> Res {
-    let g = g.clone();
-    let (i, d, o) = (ch.input.key(), ch.dev.key(), ch.output.key());
-    let op = e.op().on(gpu);
-    match s {
-        0 => op
-            .lane(Lane::HostToDevice)
-            .reads(&[&ch.input])
-            .mutates(&[&ch.dev])
-            .run(move |ctx| g.h2d(ctx.stream()?, &*ctx.read(i)?, &mut *ctx.write(d)?))?,
-        1 => op
-            .lane(Lane::Compute((c % 2) as u8))
-            .mutates(&[&ch.dev])
-            .run(move |ctx| g.kernel(ctx.stream()?, &mut *ctx.write(d)?))?,
-        _ => op
-            .lane(Lane::DeviceToHost)
-            .reads(&[&ch.dev])
-            .mutates(&[&ch.output])
-            .run(move |ctx| g.d2h(ctx.stream()?, &*ctx.read(d)?, &mut *ctx.write(o)?))?,
-    };
-    Ok(())
-}
-
 /// Figure 2: (each stage alone, the pipeline), best of `runs`; checked.
-fn overlap<G: Gpu>(g: &Arc<G>, chunks: usize, runs: usize) -> Res<([Duration; 3], Duration)> {
-    let (engine, gpu) = engine_on(&**g)?;
-    let len = g.chunk_len();
-    let inputs: Vec<Vec<f32>> = (0..chunks)
-        .map(|c| {
-            (0..len)
-                .map(|i| ((c * len + i) % 1000) as f32 / 100.0 - 5.0)
-                .collect()
-        })
-        .collect();
-    let chunks = inputs
-        .iter()
-        .map(|x| {
-            Ok(Chunk {
-                input: engine.var(g.host(x)?),
-                dev: engine.var(g.dev(len)?),
-                output: engine.var(g.host(&vec![f32::NAN; len])?),
-            })
-        })
-        .collect::<Res<Vec<Chunk<G>>>>()?;
-    // Pushes `stages` of every chunk, chunk by chunk, then waits once.
-    let pass = |stages: &[usize]| -> Res<Duration> {
-        let t = Instant::now();
-        for (c, ch) in chunks.iter().enumerate() {
-            for &s in stages {
-                push_stage(&engine, gpu, g, s, c, ch)?;
-            }
-        }
-        engine.wait_all().wait()?;
-        Ok(t.elapsed())
-    };
-    // Takes the outputs with host ops (after the copies out), leaving NaNs.
-    let take = || -> Res<Vec<Vec<f32>>> {
-        let ops = chunks.iter().map(|ch| {
-            let (g, o) = (g.clone(), ch.output.key());
-            engine.push(&[], &[&ch.output], move |ctx| g.take(&mut *ctx.write(o)?))
-        });
-        let ops = ops.collect::<Result<Vec<_>, _>>()?;
-        Ok(ops
-            .into_iter()
-            .map(|op| op.wait())
-            .collect::<Result<_, _>>()?)
-    };
-    pass(&[0, 1, 2])?; // warm-up
+fn overlap<G: Bench>(g: &Arc<G>, chunks: usize, runs: usize) -> Res<([Duration; 3], Duration)> {
+    let p = Pipeline::new(g, g.executor(), chunks, g.chunk_len())?;
+    p.pass(&[0, 1, 2])?; // warm-up
     let (mut alone, mut piped) = ([Duration::MAX; 3], Duration::MAX);
     for _ in 0..runs {
         for (s, best) in alone.iter_mut().enumerate() {
-            *best = (*best).min(pass(&[s])?);
+            *best = (*best).min(p.pass(&[s])?);
         }
-        take()?;
-        piped = piped.min(pass(&[0, 1, 2])?);
-        for (c, (xs, ys)) in inputs.iter().zip(take()?).enumerate() {
+        p.take()?;
+        piped = piped.min(p.pass(&[0, 1, 2])?);
+        for (c, (xs, ys)) in p.inputs.iter().zip(p.take()?).enumerate() {
             for (i, (&x, y)) in xs.iter().zip(ys).enumerate() {
-                // The GPU may contract `a * x + b` into a fused multiply-add.
-                if y.is_nan() || (y - f(x)).abs() > 1e-5 * f(x).abs().max(1.0) {
+                if wrong(x, y) {
                     let e = format!("pipeline: chunk {c}, element {i} is {y}, want {}", f(x));
                     return Err(e.into());
                 }
@@ -511,7 +343,7 @@ fn os_threads() -> Option<usize> {
 
 /// Figure 3: threads (before the engine, engine idle, ops in flight) and
 /// the ops in flight when counted.
-fn threads<G: Gpu>(g: &Arc<G>, n: u64) -> Res<([Option<usize>; 3], usize)> {
+fn threads<G: Bench>(g: &Arc<G>, n: u64) -> Res<([Option<usize>; 3], usize)> {
     let before = os_threads();
     let (engine, gpu) = engine_on(&**g)?;
     let idle = os_threads();
@@ -553,11 +385,7 @@ fn us_per_op(d: Duration, n: u64) -> f64 {
     d.as_secs_f64() * 1e6 / n as f64
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn bench<G: Gpu>(g: G, n: u64, chunks: usize, runs: usize) -> Res {
+fn bench<G: Bench>(g: G, n: u64, chunks: usize, runs: usize) -> Res {
     let g = Arc::new(g);
     let label = g.label();
     let (engine, floor) = handoff(&g, n, runs)?;
