@@ -52,7 +52,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::sync::Mutex;
+use crate::loom::sync::Mutex;
 
 /// One pool's share of a request.
 #[derive(Debug)]
@@ -197,10 +197,10 @@ impl<W> Default for Broker<W> {
 }
 
 impl<W: Request> Broker<W> {
-    fn lock(&self) -> crate::sync::MutexGuard<'_, State<W>> {
+    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, State<W>> {
         // Nothing panics under this lock but an allocation failure; the state
         // is consistent between statements anyway.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Adds a pool of `capacity` units, all free. Returns its index.

@@ -54,7 +54,8 @@
 
 use std::ptr;
 
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering::*, UnsafeCell};
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 
 /// What the chain needs from the op that owns an edge.
 pub trait Owner {

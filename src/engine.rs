@@ -26,13 +26,14 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
 
 use crate::diag::{Diagnostics, OpReport, OpState, ResourceReport};
 use crate::error::{BoxError, Error, OpFailure};
 use crate::exec::{Device, Exec, Executor};
 use crate::handle::{OpHandle, Wait};
+use crate::loom::sync::Mutex;
 use crate::op::ctx::OpCtx;
 use crate::op::track::Tracker;
 use crate::op::{
@@ -42,7 +43,6 @@ use crate::pending::Pending;
 use crate::resource::{OpBroker, OpResources, Resource};
 use crate::room::Room;
 use crate::stream::Lane;
-use crate::sync::Mutex;
 use crate::var::{AnyVar, Var, VarCore};
 use std::collections::HashSet;
 
@@ -66,7 +66,7 @@ pub(crate) struct Shared {
     pub(crate) pending: Pending,
     pub(crate) push_lock: Mutex<()>,
     closed: AtomicBool,
-    failures: StdMutex<FailureLog>,
+    failures: Mutex<FailureLog>,
     pub(crate) broker: Arc<OpBroker>,
     pub(crate) room: Room,
     pub(crate) tracker: Option<Tracker>,
@@ -104,13 +104,13 @@ impl Shared {
     }
 
     pub(crate) fn record_failure(&self, failure: Arc<OpFailure>) {
-        let mut log = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut log = self.failures.lock();
         log.first.get_or_insert(failure);
         log.count += 1;
     }
 
     pub(crate) fn take_failures(&self) -> Result<(), Error> {
-        let mut log = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut log = self.failures.lock();
         let count = std::mem::take(&mut log.count);
         match log.first.take() {
             Some(first) => Err(Error::Failures { first, count }),
@@ -345,7 +345,7 @@ impl EngineBuilder {
             pending: Pending::default(),
             push_lock: Mutex::new(()),
             closed: AtomicBool::new(false),
-            failures: StdMutex::new(FailureLog::default()),
+            failures: Mutex::new(FailureLog::default()),
             broker: Arc::default(),
             room: Room::new(self.max_in_flight),
             tracker: self.track_ops.then(Tracker::default),

@@ -102,12 +102,12 @@ mod engine;
 mod error;
 mod exec;
 mod handle;
+mod loom;
 mod op;
 mod pending;
 mod resource;
 mod room;
 pub mod stream;
-mod sync;
 mod var;
 
 pub use diag::{Diagnostics, OpReport, OpState, ResourceReport};

@@ -31,7 +31,9 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::sync::{AtomicUsize, AtomicWaker, Mutex, Ordering::*};
+use crate::loom::future::AtomicWaker;
+use crate::loom::sync::Mutex;
+use crate::loom::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// Counter bit: a waiter closed this generation and waits for it to drain.
 const DRAINING: usize = 1;
@@ -128,8 +130,8 @@ impl Pending {
 
     /// The queue, even if a thread panicked while holding it (the queue is
     /// consistent at every point a panic could come from).
-    fn lock(&self) -> crate::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, Queue> {
+        self.queue.lock()
     }
 
     /// Finishes the drain in progress if its generation is empty, then starts
@@ -187,7 +189,7 @@ impl Signal {
         if self.is_fired() {
             return Poll::Ready(());
         }
-        crate::sync::register_waker(&self.waker, cx.waker());
+        self.waker.register(cx.waker());
         if self.is_fired() {
             Poll::Ready(())
         } else {

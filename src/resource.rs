@@ -171,7 +171,7 @@ pub(crate) struct OpResources {
     failed: AtomicBool,
     /// On a stream device: the units to give back once the op's device
     /// work is done (its outputs took theirs when the work was enqueued).
-    pub(crate) deferred: std::sync::Mutex<Returns>,
+    pub(crate) deferred: crate::loom::sync::Mutex<Returns>,
 }
 
 impl OpResources {
@@ -182,7 +182,7 @@ impl OpResources {
             lasting: Vec::new(),
             held: AtomicBool::new(false),
             failed: AtomicBool::new(false),
-            deferred: std::sync::Mutex::default(),
+            deferred: crate::loom::sync::Mutex::default(),
         }
     }
 

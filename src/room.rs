@@ -18,7 +18,8 @@
 
 use std::task::{Context, Poll, Waker};
 
-use crate::sync::{AtomicUsize, Mutex, Ordering::*};
+use crate::loom::sync::Mutex;
+use crate::loom::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// Counter bit: a waiter is registered.
 const WAITING: usize = 1;
@@ -75,7 +76,7 @@ impl Room {
     #[cold]
     fn wake_all(&self) {
         let wakers = {
-            let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            let mut waiters = self.waiters.lock();
             self.word.fetch_and(!WAITING, AcqRel);
             std::mem::take(&mut *waiters)
         };
@@ -89,7 +90,7 @@ impl Room {
         if !self.is_bounded() || self.word.load(Acquire) / ONE < self.limit {
             return Poll::Ready(());
         }
-        let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiters = self.waiters.lock();
         if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
             waiters.push(cx.waker().clone());
         }

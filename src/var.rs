@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::chain::Chain;
 use crate::error::OpFailure;
+use crate::loom::cell::UnsafeCell;
 use crate::op::OpBlock;
 use crate::resource::{HeldUnits, Resource};
 use crate::stream::Event;
 use crate::stream::fence::VarFences;
-use crate::sync::UnsafeCell;
 
 /// Variable ids are unique across all engines of the process, so that a
 /// [`VarKey`] can never be mistaken for another variable.

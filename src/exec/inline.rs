@@ -14,7 +14,7 @@ use crate::op::Runner;
 #[derive(Debug)]
 pub(crate) struct Inline;
 
-thread_local! {
+crate::loom::thread::thread_local! {
     /// Ops made ready on this thread while the trampoline runs; `None` when
     /// no trampoline is running here.
     static TRAMPOLINE: RefCell<Option<VecDeque<Runner>>> = const { RefCell::new(None) };

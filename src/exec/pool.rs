@@ -21,7 +21,9 @@ use std::cell::{Cell, OnceCell};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use crate::loom::sync::Mutex;
 use std::thread::{self, JoinHandle, Thread};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
@@ -104,7 +106,7 @@ struct Local {
     tick: Cell<u32>,
 }
 
-thread_local! {
+crate::loom::thread::thread_local! {
     /// The pool worker running on this thread, if any.
     static LOCAL: OnceCell<Local> = const { OnceCell::new() };
 }
@@ -132,7 +134,7 @@ impl Pool {
             let handle = thread::Builder::new()
                 .name(format!("depflow-{name}-{index}"))
                 .spawn(move || inner.work(index, deque))?; // on error `pool` drops: stops the others
-            pool.threads.lock().unwrap().push(handle);
+            pool.threads.lock().push(handle);
         }
         Ok(pool)
     }
@@ -193,7 +195,7 @@ impl Queue for Pool {
                 thread.unpark();
             }
         }
-        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let handles = std::mem::take(&mut *self.threads.lock());
         let me = thread::current().id();
         for handle in handles {
             // A worker cannot join itself (the engine was dropped from inside
@@ -330,7 +332,7 @@ impl Inner {
     }
 
     fn push_prio(&self, runner: Runner, priority: i32) {
-        let mut prio = self.prio.lock().unwrap_or_else(|e| e.into_inner());
+        let mut prio = self.prio.lock();
         prio.seq += 1;
         let seq = prio.seq;
         prio.heap.push(Prioritized {
@@ -344,7 +346,7 @@ impl Inner {
     /// Pops the highest-priority op; with `positive_only`, only if its
     /// priority is above the default (0).
     fn pop_prio(&self, positive_only: bool) -> Option<Runner> {
-        let mut prio = self.prio.lock().unwrap_or_else(|e| e.into_inner());
+        let mut prio = self.prio.lock();
         if positive_only && prio.heap.peek()?.priority <= 0 {
             return None;
         }
@@ -367,7 +369,7 @@ impl Inner {
         if self.searching.load(SeqCst) != 0 || self.num_idle.load(SeqCst) == 0 {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle.lock();
         let Some(index) = idle.pop() else { return };
         self.num_idle.fetch_sub(1, SeqCst);
         // The woken worker counts as searching from now on, so that a burst of
@@ -385,13 +387,13 @@ impl Inner {
     /// searcher (counted by its waker).
     fn park(&self, index: usize) -> bool {
         {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let mut idle = self.idle.lock();
             idle.push(index);
             self.num_idle.fetch_add(1, SeqCst);
         }
         fence(SeqCst);
         if self.has_work() || self.stop.load(SeqCst) {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let mut idle = self.idle.lock();
             if let Some(pos) = idle.iter().position(|&i| i == index) {
                 idle.swap_remove(pos);
                 self.num_idle.fetch_sub(1, SeqCst);

@@ -10,7 +10,8 @@
 //! already is zero. Both sides meet on the one `refs` word, so exactly one of
 //! them ends up with the anchor.
 
-use crate::sync::{AtomicU32, Ordering::*, UnsafeCell};
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::{AtomicU32, Ordering::*};
 
 /// `refs` bit: the pusher gave the anchor up.
 const ORPHAN: u32 = 1 << 31;

@@ -123,7 +123,7 @@ impl OpBlock {
                 r.mark_failed();
             }
             if r.is_held() {
-                *r.deferred.lock().unwrap_or_else(|e| e.into_inner()) = self.hand_on_units(r);
+                *r.deferred.lock() = self.hand_on_units(r);
             }
         }
         self.release_edges();
@@ -132,8 +132,7 @@ impl OpBlock {
     /// The complete half: gives the units back and counts the op out.
     fn complete_on_device(&self) {
         if let Some(r) = self.resources() {
-            let returns =
-                std::mem::take(&mut *r.deferred.lock().unwrap_or_else(|e| e.into_inner()));
+            let returns = std::mem::take(&mut *r.deferred.lock());
             crate::resource::dispatch(self.shared().broker.release(returns.iter().copied()));
         }
         self.retire();

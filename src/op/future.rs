@@ -240,7 +240,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-thread_local! {
+crate::loom::thread::thread_local! {
     static CURRENT: std::cell::Cell<*const OpBlock> = const { std::cell::Cell::new(std::ptr::null()) };
 }
 

@@ -49,8 +49,9 @@ use self::trigger::Trigger;
 use crate::chain::{Edge, Owner};
 use crate::engine::Shared;
 use crate::error::{Error, OpFailure};
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::{AtomicU8, Ordering::AcqRel};
 use crate::resource::OpResources;
-use crate::sync::{AtomicU8, Ordering::AcqRel, UnsafeCell};
 use crate::var::{VarHold, VarState};
 
 /// A runnable op, as executors see it.
@@ -387,11 +388,7 @@ impl OpBlock {
         let edges = self.edges();
         let mut tokens = TokenSet::default();
         {
-            let _order = self
-                .shared()
-                .push_lock
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let _order = self.shared().push_lock.lock();
             if let Some(r) = self.resources() {
                 r.draw_tickets();
             }

@@ -107,7 +107,7 @@ impl Drop for Adopted {
     }
 }
 
-thread_local! {
+crate::loom::thread::thread_local! {
     static ADOPTED: RefCell<Adopted> = const {
         RefCell::new(Adopted { head: ptr::null(), tail: ptr::null(), len: 0 })
     };
@@ -140,7 +140,7 @@ pub(crate) fn adopt(op: &OpBlock) {
         }
         Err(_) => false,
     });
-    if adopted != Ok(true) {
+    if !matches!(adopted, Ok(true)) {
         // No list to join (pushing from a thread-local destructor, say): let
         // the op's last releaser free it.
         // SAFETY: the op was never adopted.

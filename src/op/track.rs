@@ -1,8 +1,8 @@
 //! The optional registry of unfinished ops behind
 //! [`Engine::diagnostics`](crate::Engine::diagnostics) (see [`diag`](crate::diag)).
 
+use crate::loom::sync::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 
 use super::OpBlock;
 use crate::diag::{OpReport, OpState};
@@ -14,8 +14,8 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, HashMap<usize, u64>)> {
-        self.ops.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, (u64, HashMap<usize, u64>)> {
+        self.ops.lock()
     }
 
     /// Registers an op being pushed (before it can run).

@@ -8,7 +8,8 @@
 //! runnable is parked. Whoever brings the count to zero takes the runnable out
 //! and schedules it: exactly one thread, exactly once.
 
-use crate::sync::{AtomicU32, Ordering::AcqRel, UnsafeCell};
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::{AtomicU32, Ordering::AcqRel};
 
 pub struct Trigger<R> {
     pending: AtomicU32,

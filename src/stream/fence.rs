@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use crate::error::OpFailure;
-use crate::sync::{AtomicU8, Mutex, Ordering::*};
+use crate::loom::sync::Mutex;
+use crate::loom::sync::atomic::{AtomicU8, Ordering::*};
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
@@ -168,8 +169,8 @@ impl<E> Fence<E> {
         }
     }
 
-    fn lock(&self) -> crate::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, Inner> {
+        self.inner.lock()
     }
 }
 
@@ -206,8 +207,8 @@ impl<E> Default for VarFences<E> {
 }
 
 impl<E> VarFences<E> {
-    fn lock(&self) -> crate::sync::MutexGuard<'_, Slots<E>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, Slots<E>> {
+        self.inner.lock()
     }
 
     /// Calls `f` with each fence an op must wait for before it touches the

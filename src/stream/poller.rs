@@ -16,7 +16,9 @@
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+
+use crate::loom::sync::{Condvar, Mutex};
 use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -70,8 +72,8 @@ impl Wake {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, State> {
+        self.state.lock()
     }
 }
 
@@ -109,7 +111,7 @@ impl Poller {
     pub(crate) fn shutdown(&self) {
         self.wake.lock().stop = true;
         self.wake.cv.notify_one();
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let thread = self.thread.lock().take();
         if let Some(t) = thread
             && t.thread().id() != std::thread::current().id()
         {
@@ -144,7 +146,7 @@ fn run(wake: &Wake, device: &Backend, lanes: usize) {
                     return;
                 }
                 state.nudged = false;
-                state = wake.cv.wait(state).unwrap_or_else(|e| e.into_inner());
+                state = wake.cv.wait(state);
             }
             state.nudged = false;
         }

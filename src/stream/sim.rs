@@ -12,7 +12,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::sync::{AtomicU8, Condvar, Mutex, Ordering::*};
+use crate::loom::sync::atomic::{AtomicU8, Ordering::*};
+use crate::loom::sync::{Condvar, Mutex};
 
 /// An event of the simulated device.
 #[derive(Default)]
@@ -29,16 +30,16 @@ impl SimEvent {
 
     /// The stream reached the event.
     pub fn signal(&self) {
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.lock.lock();
         self.done.store(1, Release);
         self.reached.notify_all();
     }
 
     /// Blocks the calling stream thread until the event is reached.
     pub fn wait(&self) {
-        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.lock.lock();
         while !self.is_done() {
-            g = self.reached.wait(g).unwrap_or_else(|e| e.into_inner());
+            g = self.reached.wait(g);
         }
     }
 }
@@ -65,14 +66,14 @@ struct Queue {
 
 #[derive(Default)]
 struct Lane {
-    queue: std::sync::Mutex<Queue>,
-    ready: std::sync::Condvar,
+    queue: crate::loom::sync::Mutex<Queue>,
+    ready: crate::loom::sync::Condvar,
 }
 
 /// The simulated device: its streams' threads.
 pub(crate) struct SimGpu {
     lanes: Box<[Arc<Lane>]>,
-    threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    threads: crate::loom::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl SimGpu {
@@ -95,7 +96,7 @@ impl SimGpu {
                 Err(e) => {
                     let gpu = Self {
                         lanes,
-                        threads: std::sync::Mutex::new(threads),
+                        threads: crate::loom::sync::Mutex::new(threads),
                     };
                     gpu.shutdown();
                     return Err(e);
@@ -104,17 +105,13 @@ impl SimGpu {
         }
         Ok(Self {
             lanes,
-            threads: std::sync::Mutex::new(threads),
+            threads: crate::loom::sync::Mutex::new(threads),
         })
     }
 
     fn push(&self, lane: u8, item: Item) {
         let lane = &self.lanes[usize::from(lane)];
-        lane.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .items
-            .push_back(item);
+        lane.queue.lock().items.push_back(item);
         lane.ready.notify_one();
     }
 
@@ -133,10 +130,10 @@ impl SimGpu {
     /// Lets the streams finish what they hold, then joins their threads.
     pub(crate) fn shutdown(&self) {
         for lane in self.lanes.iter() {
-            lane.queue.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
+            lane.queue.lock().stop = true;
             lane.ready.notify_one();
         }
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads = std::mem::take(&mut *self.threads.lock());
         let me = std::thread::current().id();
         for t in threads {
             if t.thread().id() != me {
@@ -149,7 +146,7 @@ impl SimGpu {
 fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
     loop {
         let item = {
-            let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = lane.queue.lock();
             loop {
                 if let Some(item) = q.items.pop_front() {
                     break item;
@@ -157,7 +154,7 @@ fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
                 if q.stop {
                     return;
                 }
-                q = lane.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                q = lane.ready.wait(q);
             }
         };
         match item {
