@@ -1,12 +1,34 @@
-//! Errors: what a push, a wait or an op can resolve to.
-
-#![deny(unsafe_code)]
+//! Errors: what a push, a wait or an op can resolve to, and the names they
+//! use ([`VarId`]). The crate's vocabulary: every layer reports in these
+//! terms, so this module imports nothing of the crate.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::var::VarId;
+/// A variable's identity, unique in the process; used in errors.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let (a, b) = (engine.new_var(), engine.new_var());
+/// assert_ne!(a.id(), b.id());
+/// assert_eq!(a.id(), a.clone().id());
+/// println!("{}", a.id()); // "var#N"
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VarId(pub(crate) u64);
+
+impl fmt::Display for VarId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "var#{}", self.0)
+    }
+}
+
+impl fmt::Debug for VarId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
 
 /// A boxed error returned by an op's body: any error type an op returns is
 /// converted into it.
@@ -251,5 +273,16 @@ impl Error {
             Error::Failures { first, .. } => Some(first),
             _ => None,
         }
+    }
+}
+
+/// The message of a caught panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
     }
 }

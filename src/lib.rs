@@ -78,64 +78,107 @@
 //!
 //! # How it works
 //!
-//! Each variable is an atomic chain of waiting ops (see `src/chain.rs`): an
+//! Each variable is an atomic chain of waiting ops (`src/core/chain.rs`): an
 //! append is a `swap` and a `fetch_or`; a single token walks the chain and
 //! grants runs of reads, or one write, in push order. Each op is one
 //! `async-task` task whose runnable stays parked until its last dependency is
 //! granted. No lock is taken on the push or completion path of a
 //! single-variable op; multi-variable pushes take a short lock to agree on one
-//! global order (see [`Engine`]'s module docs). The transitions are
-//! model-checked with loom (`loom-tests/`).
+//! global order (`src/engine/shared.rs`). The transitions are model-checked
+//! with loom (`loom-tests/`), on the engine's own code.
 //!
-//! `unsafe` code lives in four places, each block with a `SAFETY` comment:
-//! the chains' pointer protocol (`src/chain.rs`), the type-erased variables
-//! (`src/var.rs`), an op's lifetime and its access to variables
-//! (`src/op/`), and the CUDA driver calls (`src/stream/cuda.rs`). Every other module denies `unsafe_code`.
+//! The crate is built in layers, each a folder that imports only the ones
+//! below it: `core` (state machines), `exec`, `resource`, `device`, `dep`
+//! (variables and ops), `trace`, `engine`. `ARCHITECTURE.md` draws them and
+//! follows one op through them, and says where `unsafe` lives: every module
+//! denies it but the few that say why they need it, and every `unsafe` block
+//! carries a `SAFETY` comment (enforced by clippy).
 
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![doc(test(attr(deny(warnings))))]
 
-mod broker;
-mod chain;
-mod diag;
-mod engine;
-mod error;
-mod exec;
-mod handle;
+// The layers, from the bottom up (see ARCHITECTURE.md).
 mod loom;
-mod op;
-mod pending;
-mod resource;
-mod room;
-pub mod stream;
-mod var;
 
-pub use diag::{Diagnostics, OpReport, OpState, ResourceReport};
-pub use engine::{DEFAULT_DEVICE, Engine, EngineBuilder, OpBuilder, WhenRoom};
-pub use error::{BoxError, Error, OpFailure};
-pub use exec::{Device, Executor, Job};
-pub use handle::{OpHandle, Wait};
-pub use op::ctx::{OpCtx, VarMut, VarRef};
-pub use resource::Resource;
-pub use stream::{Lane, Stream};
-pub use var::{AnyVar, Var, VarId, VarKey};
+mod core;
+mod error;
+
+mod device;
+mod exec;
+mod resource;
+
+mod dep;
+
+mod trace;
+
+mod engine;
+
+pub use crate::dep::{AnyVar, Device, OpCtx, Var, VarKey, VarMut, VarRef};
+pub use crate::engine::{
+    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Job, OpBuilder, OpHandle, Wait, WhenRoom,
+};
+pub use crate::error::{BoxError, Error, OpFailure, VarId};
+pub use crate::resource::Resource;
+pub use crate::stream::{Lane, Stream};
+pub use crate::trace::{Diagnostics, OpReport, OpState, ResourceReport};
+
+pub mod stream {
+    //! Stream devices: ops that enqueue work on a GPU's streams, and complete
+    //! when that work is done.
+    //!
+    //! A stream device ([`Executor::cuda`](crate::Executor::cuda), or
+    //! [`Executor::simulated_gpu`](crate::Executor::simulated_gpu) for machines
+    //! without one) has *lanes*: compute streams, and one stream each for
+    //! host-to-device and device-to-host copies (MXNet's copy workers), so that
+    //! copies overlap compute. An op pushed to it runs on the device's launcher
+    //! thread; its body gets the [`Stream`] of its lane ([`OpCtx::stream`]),
+    //! enqueues work and returns. Then:
+    //!
+    //! 1. The engine records an event after the work (the op's *fence*) and
+    //!    gives the op's variables back at once. A consumer on the
+    //!    same device is enqueued behind the event (a stream wait, no host round
+    //!    trip, even before the producer has finished); a consumer on the host or
+    //!    another device waits for the event first, parked, blocking no thread.
+    //! 2. The device's *poller* thread sees the event complete; only then is the
+    //!    op finished: its handle resolves, `wait_all` counts it out and its
+    //!    resource units go back.
+    //!
+    //! So a device costs two host threads (launcher, poller) however many ops are
+    //! in flight. The poller queries only the oldest event of each lane (a lane
+    //! completes in order), spinning briefly, then yielding, then sleeping up to
+    //! 200 µs between rounds; a simulated device also wakes it when
+    //! an event is reached. Completion latency matters only to host consumers:
+    //! device consumers never wait for the poller.
+    //!
+    //! Errors: a failed launch or a host function's error fails the op like any
+    //! error; an error reported with the event fails the op when the poller sees
+    //! it, and poisons what it mutates. A consumer already enqueued behind a
+    //! failed op's event resolves to [`Error::Poisoned`](crate::Error::Poisoned)
+    //! with the original failure, and passes the poison on.
+    //!
+    //! [`OpCtx::stream`]: crate::OpCtx::stream
+
+    pub use crate::device::{Lane, Stream, cuda_device_count};
+}
 
 /// The code in README.md, compiled and run as doctests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-/// Internals exposed to the loom models in `loom-tests/` (built with
-/// `--cfg loom`). Not part of the API.
+/// What the loom models in `loom-tests/` drive (built with `--cfg loom`):
+/// the core state machines, and the real ops through a no-op host. Not part
+/// of the API.
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod __loom {
-    pub use crate::broker::{Broker, Demand, Granted, Request};
-    pub use crate::chain::{Chain, Edge, Owner};
-    pub use crate::op::anchor::Anchor;
-    pub use crate::op::trigger::Trigger;
-    pub use crate::pending::{Pending, Signal};
-    pub use crate::room::Room;
-    pub use crate::stream::fence::{Fence, VarFences};
-    pub use crate::stream::sim::SimEvent;
+    pub use crate::core::anchor::Anchor;
+    pub use crate::core::chain::{Chain, Edge, Grant, Owner};
+    pub use crate::core::countdown::Countdown;
+    pub use crate::core::fence::{Fence, VarFences};
+    pub use crate::core::generations::{Generations, Signal};
+    pub use crate::core::room::Room;
+    pub use crate::core::tickets::{Broker, Demand, Granted, Request};
+    pub use crate::device::sim::SimEvent;
 }

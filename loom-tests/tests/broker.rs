@@ -59,7 +59,7 @@ impl World {
     /// Runs what a broker call granted; `after` says what each request does
     /// once it ran (request more, release units).
     fn run(&self, granted: Granted<Req>, after: &dyn Fn(&World, &Req)) {
-        for r in granted {
+        granted.for_each(|r| {
             assert_eq!(r.ran_in(self), 0, "request {} granted twice", r.id);
             for d in &r.demands {
                 let now = self.used[d.pool].fetch_add(d.amount as i64, AcqRel) + d.amount as i64;
@@ -70,7 +70,7 @@ impl World {
                 );
             }
             after(self, &r);
-        }
+        });
     }
 
     /// Gives units back (the request's temporary ones, or a deleted buffer's).

@@ -19,8 +19,8 @@ use loom::thread;
 #[test]
 fn fence_completing_while_a_dependent_registers() {
     loom::model(|| {
-        let vars: Arc<VarFences> = Arc::new(VarFences::default());
-        let fence = StdArc::new(Fence::new(0, 0, ()));
+        let vars: Arc<VarFences<(), ()>> = Arc::new(VarFences::default());
+        let fence = StdArc::new(Fence::<(), ()>::new(0, 0, ()));
         // The producer published its fence before giving the variable back.
         vars.set_write(fence.clone());
         let poller = thread::spawn({
@@ -58,8 +58,8 @@ fn host_and_device_waiters_on_one_write() {
     model.check(|| {
         let memory = Arc::new(AtomicUsize::new(0));
         let event = StdArc::new(SimEvent::default());
-        let fence = StdArc::new(Fence::new(0, 0, event.clone()));
-        let vars: Arc<VarFences<StdArc<SimEvent>>> = Arc::new(VarFences::default());
+        let fence = StdArc::new(Fence::<_, ()>::new(0, 0, event.clone()));
+        let vars: Arc<VarFences<StdArc<SimEvent>, ()>> = Arc::new(VarFences::default());
         vars.set_write(fence.clone());
 
         let stream_a = thread::spawn({
@@ -103,9 +103,9 @@ fn host_and_device_waiters_on_one_write() {
 #[test]
 fn reads_append_while_one_completes() {
     loom::model(|| {
-        let vars: Arc<VarFences> = Arc::new(VarFences::default());
-        let first = StdArc::new(Fence::new(0, 0, ()));
-        let second = StdArc::new(Fence::new(0, 1, ()));
+        let vars: Arc<VarFences<(), ()>> = Arc::new(VarFences::default());
+        let first = StdArc::new(Fence::<(), ()>::new(0, 0, ()));
+        let second = StdArc::new(Fence::<(), ()>::new(0, 1, ()));
         let reader = thread::spawn({
             let (vars, first) = (vars.clone(), first.clone());
             move || vars.add_read(first)

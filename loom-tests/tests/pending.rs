@@ -4,7 +4,7 @@
 
 use std::future::poll_fn;
 
-use depflow::__loom::{Pending, Signal};
+use depflow::__loom::{Generations as Pending, Signal};
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering::*};
 use loom::thread;

@@ -1,7 +1,7 @@
 //! Loom model of an op's countdown and the hand-off of its parked runnable.
 #![cfg(loom)]
 
-use depflow::__loom::Trigger;
+use depflow::__loom::Countdown;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering::*};
 use loom::thread;
@@ -12,21 +12,21 @@ use loom::thread;
 #[test]
 fn parked_runnable_hand_off() {
     loom::model(|| {
-        let trigger = Arc::new(Trigger::<Arc<AtomicUsize>>::new(2));
+        let countdown = Arc::new(Countdown::<Arc<AtomicUsize>>::new(2));
         let runs = Arc::new(AtomicUsize::new(0));
         let granters: Vec<_> = (0..2)
             .map(|_| {
-                let trigger = trigger.clone();
+                let countdown = countdown.clone();
                 thread::spawn(move || {
-                    if let Some(r) = trigger.release() {
+                    if let Some(r) = countdown.release() {
                         r.fetch_add(1, AcqRel);
                     }
                 })
             })
             .collect();
         // SAFETY: parked once, before the guard below is released.
-        unsafe { trigger.park(runs.clone()) };
-        if let Some(r) = trigger.release() {
+        unsafe { countdown.park(runs.clone()) };
+        if let Some(r) = countdown.release() {
             r.fetch_add(1, AcqRel);
         }
         for g in granters {

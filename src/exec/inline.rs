@@ -1,27 +1,27 @@
-//! The inline executor: runs each ready op on the thread that made it ready.
+//! The inline executor: runs each ready job on the thread that made it ready.
 //!
-//! Running an op can make others ready (its completion grants them), and those
-//! would run inside it, nesting without bound along a long chain. So the first
-//! op on a thread runs a *trampoline*: ops made ready while it runs queue up on
-//! that thread and run one after the other once it returns.
+//! Running a job can make others ready (an op's completion grants the next),
+//! and those would run inside it, nesting without bound along a long chain.
+//! So the first job on a thread runs a *trampoline*: jobs made ready while it
+//! runs queue up on that thread and run one after the other once it returns.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
-use super::Queue;
-use crate::op::Runner;
+use super::{Queue, Work};
 
 #[derive(Debug)]
 pub(crate) struct Inline;
 
 crate::loom::thread::thread_local! {
-    /// Ops made ready on this thread while the trampoline runs; `None` when
-    /// no trampoline is running here.
-    static TRAMPOLINE: RefCell<Option<VecDeque<Runner>>> = const { RefCell::new(None) };
+    /// The jobs made ready on this thread while its trampoline runs (a
+    /// `VecDeque` of the executor's job type); `None` when none runs here.
+    static TRAMPOLINE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
 }
 
-/// Ends the trampoline even if an op panics through `run` (it should not:
-/// op bodies' panics are caught).
+/// Ends the trampoline even if a job panics through `run` (op bodies'
+/// panics are caught, so it should not happen).
 struct Active;
 
 impl Drop for Active {
@@ -31,22 +31,29 @@ impl Drop for Active {
     }
 }
 
-impl Queue for Inline {
-    fn schedule(&self, runner: Runner, _yielded: bool) {
-        let runner = TRAMPOLINE.with(|t| match t.borrow_mut().as_mut() {
-            Some(queue) => {
-                queue.push_back(runner);
-                None
-            }
-            None => Some(runner),
-        });
-        let Some(first) = runner else { return };
-        TRAMPOLINE.with(|t| *t.borrow_mut() = Some(VecDeque::new()));
+/// Runs `f` on this thread's trampoline queue, if one of job type `W` runs.
+fn with_queue<W: Work, R>(f: impl FnOnce(&mut VecDeque<W>) -> R) -> Option<R> {
+    TRAMPOLINE.with(|t| {
+        t.borrow_mut()
+            .as_mut()
+            .and_then(|q| q.downcast_mut::<VecDeque<W>>())
+            .map(f)
+    })
+}
+
+impl<W: Work> Queue<W> for Inline {
+    fn schedule(&self, job: W, _yielded: bool) {
+        let mut job = Some(job);
+        if with_queue(|queue: &mut VecDeque<W>| queue.push_back(job.take().expect("once")))
+            .is_some()
+        {
+            return;
+        }
+        let first = job.expect("not queued");
+        TRAMPOLINE.with(|t| *t.borrow_mut() = Some(Box::new(VecDeque::<W>::new())));
         let _active = Active;
         first.run();
-        while let Some(next) =
-            TRAMPOLINE.with(|t| t.borrow_mut().as_mut().and_then(VecDeque::pop_front))
-        {
+        while let Some(next) = with_queue(VecDeque::<W>::pop_front).flatten() {
             next.run();
         }
     }

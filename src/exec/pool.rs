@@ -17,19 +17,20 @@
 //!   already searching; a searcher that finds work wakes the next one if work
 //!   is left. So a steady producer does not pay a futex wake per op.
 
-use std::cell::{Cell, OnceCell};
+// `unsafe`: a worker's thread-local pointer to its own state; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
 use std::sync::{Arc, OnceLock};
-
-use crate::loom::sync::Mutex;
 use std::thread::{self, JoinHandle, Thread};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 
-use super::Queue;
-use crate::op::Runner;
+use super::{Queue, Work};
+use crate::loom::sync::Mutex;
+use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
 
 /// How many times in a row a worker may take its LIFO slot.
 const LIFO_STREAK: u32 = 64;
@@ -38,21 +39,22 @@ const SPIN_ROUNDS: u32 = 64;
 /// Every this many ops a worker looks at the shared queues first (fairness).
 const GLOBAL_CHECK_INTERVAL: u32 = 61;
 
-pub(crate) struct Pool {
-    inner: Arc<Inner>,
+pub(crate) struct Pool<W> {
+    shared: Arc<PoolShared<W>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-struct Inner {
-    injector: Injector<Runner>,
-    stealers: Box<[Stealer<Runner>]>,
+/// What the pool's workers and schedulers share.
+struct PoolShared<W> {
+    injector: Injector<W>,
+    stealers: Box<[Stealer<W>]>,
     sleepers: Box<[Sleeper]>,
     /// Parked workers.
     idle: Mutex<Vec<usize>>,
     num_idle: AtomicUsize,
     /// Workers awake and looking for work.
     searching: AtomicUsize,
-    prio: Mutex<PrioHeap>,
+    prio: Mutex<PrioHeap<W>>,
     prio_len: AtomicUsize,
     stop: AtomicBool,
 }
@@ -63,30 +65,29 @@ struct Sleeper {
     thread: OnceLock<Thread>,
 }
 
-#[derive(Default)]
-struct PrioHeap {
-    heap: BinaryHeap<Prioritized>,
+struct PrioHeap<W> {
+    heap: BinaryHeap<Prioritized<W>>,
     seq: u64,
 }
 
-struct Prioritized {
+struct Prioritized<W> {
     priority: i32,
     seq: u64,
-    runner: Runner,
+    job: W,
 }
 
-impl PartialEq for Prioritized {
+impl<W> PartialEq for Prioritized<W> {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == CmpOrdering::Equal
     }
 }
-impl Eq for Prioritized {}
-impl PartialOrd for Prioritized {
+impl<W> Eq for Prioritized<W> {}
+impl<W> PartialOrd for Prioritized<W> {
     fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Prioritized {
+impl<W> Ord for Prioritized<W> {
     fn cmp(&self, other: &Self) -> CmpOrdering {
         // Higher priority first; among equals, the one that became ready first.
         self.priority
@@ -95,101 +96,111 @@ impl Ord for Prioritized {
     }
 }
 
-/// A worker's own state, in its thread's `LOCAL`.
-struct Local {
-    /// The address of its pool, to recognise it (never dereferenced).
-    pool: usize,
+/// A worker's own state, on its thread's stack while it works.
+struct Local<W> {
     index: usize,
-    deque: Worker<Runner>,
-    lifo: Cell<Option<Runner>>,
+    deque: Worker<W>,
+    lifo: Cell<Option<W>>,
     streak: Cell<u32>,
     tick: Cell<u32>,
 }
 
 crate::loom::thread::thread_local! {
-    /// The pool worker running on this thread, if any.
-    static LOCAL: OnceCell<Local> = const { OnceCell::new() };
+    /// The pool this thread works for: its `PoolShared`'s address (0 if
+    /// none; never dereferenced) and the worker's `Local` of that pool's job
+    /// type. (A thread-local cannot be generic, hence the erased pointer.)
+    static WORKER: Cell<(usize, *const ())> = const { Cell::new((0, std::ptr::null())) };
 }
 
-impl Pool {
+impl<W: Work> Pool<W> {
     pub(crate) fn new(name: &str, threads: usize) -> std::io::Result<Self> {
-        let deques: Vec<Worker<Runner>> = (0..threads).map(|_| Worker::new_fifo()).collect();
-        let inner = Arc::new(Inner {
+        let deques: Vec<Worker<W>> = (0..threads).map(|_| Worker::new_fifo()).collect();
+        let shared = Arc::new(PoolShared {
             injector: Injector::new(),
             stealers: deques.iter().map(Worker::stealer).collect(),
             sleepers: (0..threads).map(|_| Sleeper::default()).collect(),
             idle: Mutex::new(Vec::with_capacity(threads)),
             num_idle: AtomicUsize::new(0),
             searching: AtomicUsize::new(0),
-            prio: Mutex::new(PrioHeap::default()),
+            prio: Mutex::new(PrioHeap {
+                heap: BinaryHeap::new(),
+                seq: 0,
+            }),
             prio_len: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
         });
         let pool = Pool {
-            inner: inner.clone(),
+            shared: shared.clone(),
             threads: Mutex::new(Vec::with_capacity(threads)),
         };
         for (index, deque) in deques.into_iter().enumerate() {
-            let inner = inner.clone();
+            let shared = shared.clone();
             let handle = thread::Builder::new()
                 .name(format!("depflow-{name}-{index}"))
-                .spawn(move || inner.work(index, deque))?; // on error `pool` drops: stops the others
+                .spawn(move || shared.work(index, deque))?; // on error `pool` drops: stops the others
             pool.threads.lock().push(handle);
         }
         Ok(pool)
     }
 }
 
-impl Drop for Pool {
+impl<W> Drop for Pool<W> {
     fn drop(&mut self) {
-        self.shutdown();
+        self.stop();
     }
 }
 
-impl std::fmt::Debug for Pool {
+impl<W> std::fmt::Debug for Pool<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
-            .field("threads", &self.inner.sleepers.len())
-            .field("idle", &self.inner.num_idle.load(Relaxed))
+            .field("threads", &self.shared.sleepers.len())
+            .field("idle", &self.shared.num_idle.load(Relaxed))
             .finish()
     }
 }
 
-impl Queue for Pool {
+impl<W: Work> Queue<W> for Pool<W> {
     #[inline]
-    fn schedule(&self, runner: Runner, yielded: bool) {
-        let inner = &*self.inner;
-        let priority = runner.metadata().priority();
+    fn schedule(&self, job: W, yielded: bool) {
+        let shared = &*self.shared;
+        let priority = job.priority();
         if priority != 0 {
-            inner.push_prio(runner, priority);
-            inner.notify();
+            shared.push_prio(job, priority);
+            shared.notify();
             return;
         }
-        let foreign = LOCAL.with(|cell| match cell.get() {
-            Some(local) if local.pool == inner as *const Inner as usize => {
-                if yielded {
-                    // A yielding op goes behind the others.
-                    local.deque.push(runner);
-                } else if let Some(previous) = local.lifo.replace(Some(runner)) {
-                    local.deque.push(previous);
-                } else {
-                    return None; // this worker runs it next
-                }
-                inner.notify();
-                None
-            }
-            _ => Some(runner),
-        });
-        if let Some(runner) = foreign {
-            inner.injector.push(runner);
-            inner.notify();
+        let (pool, local) = WORKER.with(Cell::get);
+        if pool != shared.address() {
+            shared.injector.push(job);
+            shared.notify();
+            return;
         }
+        // SAFETY: only this pool's workers record its address in `WORKER`,
+        // each with a pointer to its own `Local<W>` (this pool's `W`), which
+        // lives on its stack for as long as it runs jobs; this call comes
+        // from one of those jobs, on that thread.
+        let local = unsafe { &*local.cast::<Local<W>>() };
+        if yielded {
+            // A yielding job goes behind the others.
+            local.deque.push(job);
+        } else if let Some(previous) = local.lifo.replace(Some(job)) {
+            local.deque.push(previous);
+        } else {
+            return; // this worker runs it next
+        }
+        shared.notify();
     }
 
     fn shutdown(&self) {
-        let inner = &*self.inner;
-        inner.stop.store(true, SeqCst);
-        for sleeper in inner.sleepers.iter() {
+        self.stop();
+    }
+}
+
+impl<W> Pool<W> {
+    fn stop(&self) {
+        let shared = &*self.shared;
+        shared.stop.store(true, SeqCst);
+        for sleeper in shared.sleepers.iter() {
             sleeper.notified.store(true, Release);
             if let Some(thread) = sleeper.thread.get() {
                 thread.unpark();
@@ -207,24 +218,30 @@ impl Queue for Pool {
     }
 }
 
-impl Inner {
+impl<W> PoolShared<W> {
+    /// The pool's identity, as workers record it in `WORKER`.
+    fn address(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+}
+
+impl<W: Work> PoolShared<W> {
     /// A worker thread's main loop.
-    fn work(&self, index: usize, deque: Worker<Runner>) {
+    fn work(&self, index: usize, deque: Worker<W>) {
         let _ = self.sleepers[index].thread.set(thread::current());
-        LOCAL.with(|cell| {
-            let local = cell.get_or_init(|| Local {
-                pool: self as *const Inner as usize,
-                index,
-                deque,
-                lifo: Cell::new(None),
-                streak: Cell::new(0),
-                tick: Cell::new(0),
-            });
-            self.run(local);
-        });
+        let local = Local {
+            index,
+            deque,
+            lifo: Cell::new(None),
+            streak: Cell::new(0),
+            tick: Cell::new(0),
+        };
+        WORKER.with(|w| w.set((self.address(), std::ptr::from_ref(&local).cast())));
+        self.run(&local);
+        WORKER.with(|w| w.set((0, std::ptr::null())));
     }
 
-    fn run(&self, local: &Local) {
+    fn run(&self, local: &Local<W>) {
         let mut searching = false;
         'work: loop {
             if let Some(job) = self.next(local) {
@@ -237,11 +254,10 @@ impl Inner {
                 // others park at once instead of taking CPU from the threads
                 // that push and run ops.
                 if 2 * self.searching.load(SeqCst) >= self.sleepers.len().max(2) {
-                    crate::op::reclaim::collect();
-                    if self.stop.load(SeqCst) && !self.has_work() {
-                        return;
+                    match self.idle(local.index) {
+                        Some(woken_searching) => searching = woken_searching,
+                        None => return,
                     }
-                    searching = self.park(local.index);
                     continue;
                 }
                 searching = true;
@@ -256,13 +272,22 @@ impl Inner {
                 }
             }
             self.searching.fetch_sub(1, SeqCst);
-            // Before idling, free what ops run here pushed and have finished.
-            crate::op::reclaim::collect();
-            if self.stop.load(SeqCst) && !self.has_work() {
-                return;
+            match self.idle(local.index) {
+                Some(woken_searching) => searching = woken_searching,
+                None => return,
             }
-            searching = self.park(local.index);
         }
+    }
+
+    /// Nothing to run: lets the jobs tidy up (the engine frees the ops run
+    /// here pushed and that have finished), then parks. `None` when the pool
+    /// stops instead; else whether the worker wakes as a searcher.
+    fn idle(&self, index: usize) -> Option<bool> {
+        W::before_park();
+        if self.stop.load(SeqCst) && !self.has_work() {
+            return None;
+        }
+        Some(self.park(index))
     }
 
     /// A searching worker found work: stop counting it as searching, and if it
@@ -275,7 +300,7 @@ impl Inner {
     }
 
     /// The next op for this worker, if any.
-    fn next(&self, local: &Local) -> Option<Runner> {
+    fn next(&self, local: &Local<W>) -> Option<W> {
         let tick = local.tick.get().wrapping_add(1);
         local.tick.set(tick);
         if tick % GLOBAL_CHECK_INTERVAL == 0
@@ -321,7 +346,7 @@ impl Inner {
         None
     }
 
-    fn steal_injector(&self, local: &Local) -> Option<Runner> {
+    fn steal_injector(&self, local: &Local<W>) -> Option<W> {
         loop {
             match self.injector.steal_batch_and_pop(&local.deque) {
                 Steal::Success(job) => return Some(job),
@@ -331,28 +356,24 @@ impl Inner {
         }
     }
 
-    fn push_prio(&self, runner: Runner, priority: i32) {
+    fn push_prio(&self, job: W, priority: i32) {
         let mut prio = self.prio.lock();
         prio.seq += 1;
         let seq = prio.seq;
-        prio.heap.push(Prioritized {
-            priority,
-            seq,
-            runner,
-        });
+        prio.heap.push(Prioritized { priority, seq, job });
         self.prio_len.fetch_add(1, SeqCst);
     }
 
     /// Pops the highest-priority op; with `positive_only`, only if its
     /// priority is above the default (0).
-    fn pop_prio(&self, positive_only: bool) -> Option<Runner> {
+    fn pop_prio(&self, positive_only: bool) -> Option<W> {
         let mut prio = self.prio.lock();
         if positive_only && prio.heap.peek()?.priority <= 0 {
             return None;
         }
         let job = prio.heap.pop()?;
         self.prio_len.fetch_sub(1, SeqCst);
-        Some(job.runner)
+        Some(job.job)
     }
 
     fn has_work(&self) -> bool {

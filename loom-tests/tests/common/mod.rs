@@ -2,13 +2,13 @@
 //! `Trigger`, and records grants and releases so models can assert on them.
 #![allow(dead_code)]
 
-use depflow::__loom::{Chain, Edge, Owner, Trigger};
+use depflow::__loom::{Chain, Countdown, Edge, Grant, Owner};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use loom::sync::{Arc, Notify};
 
 pub struct Op {
-    trigger: Trigger<usize>,
+    countdown: Countdown<usize>,
     ready: AtomicBool,
     /// Wakes the one thread that waits for this op to be granted.
     notify: Notify,
@@ -18,15 +18,17 @@ pub struct Op {
 }
 
 impl Owner for Op {
-    fn grant(&self) {
-        if self.trigger.release().is_some() {
-            self.fire();
-        }
-    }
-
     unsafe fn release(this: *const Self) {
         // SAFETY: the models keep every op alive until the end.
         unsafe { (*this).released.fetch_add(1, AcqRel) };
+    }
+}
+
+impl Grant<()> for Op {
+    fn grant(&self, _: &()) {
+        if self.countdown.release().is_some() {
+            self.fire();
+        }
     }
 }
 
@@ -34,7 +36,7 @@ impl Op {
     /// An op with one edge per entry of `writes` (true: mutates).
     pub fn new(writes: &[bool]) -> Arc<Op> {
         let op = Arc::new(Op {
-            trigger: Trigger::new(writes.len() as u32),
+            countdown: Countdown::new(writes.len() as u32),
             ready: AtomicBool::new(false),
             notify: Notify::new(),
             fired: AtomicUsize::new(0),
@@ -47,7 +49,7 @@ impl Op {
             unsafe { e.set_owner(ptr) };
         }
         // SAFETY: parked once, before the guard is released.
-        unsafe { op.trigger.park(7) };
+        unsafe { op.countdown.park(7) };
         op
     }
 
@@ -60,7 +62,7 @@ impl Op {
     /// Appends edge `i` to `chain`.
     pub fn append(&self, chain: &Chain<Op>, i: usize) {
         // SAFETY: the op outlives the model; each edge is linked once.
-        unsafe { chain.append(&self.edges[i]) };
+        unsafe { chain.append(&self.edges[i], &()) };
     }
 
     /// Links edge `i` into `chain` without granting; returns whether the token
@@ -73,12 +75,12 @@ impl Op {
     /// Grants from edge `i`, whose token `link` took.
     pub fn advance(&self, chain: &Chain<Op>, i: usize) {
         // SAFETY: `link` returned true for this edge.
-        unsafe { chain.advance(&self.edges[i]) }
+        unsafe { chain.advance(&self.edges[i], &()) }
     }
 
     /// Releases the pusher's guard (after all edges are appended).
     pub fn launch(&self) {
-        if self.trigger.release().is_some() {
+        if self.countdown.release().is_some() {
             self.fire();
         }
     }
@@ -107,9 +109,9 @@ impl Op {
         // SAFETY: the op was granted; each edge is completed once.
         unsafe {
             if e.is_write() {
-                chain.complete_write(e);
+                chain.complete_write(e, &());
             } else {
-                chain.complete_read();
+                chain.complete_read(&());
             }
         }
     }

@@ -1,0 +1,325 @@
+//! One pushed op's metadata, stored in its task's header: the [`OpBlock`].
+//!
+//! Every op is one `async-task` task. Its metadata holds the countdown of
+//! unmet dependencies with the op's `Runnable` parked in it, and one edge per
+//! variable, linked into that variable's chain; the task's future runs the
+//! body. So an op costs one allocation, whatever its number of variables (up
+//! to two inline). What happens to a block, step by step, is `lifecycle`.
+//!
+//! # Who touches what
+//!
+//! | field | written by | read by |
+//! | --- | --- | --- |
+//! | `countdown` | see `core::countdown` | |
+//! | `anchor` | see `core::anchor`; set by the pusher before the block is shared | |
+//! | `next_adopted` | the pushing thread only (`reclaim`) | the same |
+//! | `holders` | an async body leasing its context, the future and the lease as they finish | the same |
+//! | `host`, `flags`, `device`, `priority`, `name`, `units` | creation | anyone |
+//! | `edges` | creation; owners set once by the pusher before linking | the chains, the op |
+//!
+//! # Lifetimes
+//!
+//! - The block lives as long as the task allocation. Chains may touch an
+//!   edge after its op finished (an appender linking behind it), so the block
+//!   holds a waker of its own task, the *anchor*, until every edge is released
+//!   and the op has run; then the pushing thread drops it (`reclaim`), or,
+//!   for an orphaned op, the thread whose release comes last.
+//! - The host (the engine's shared state) outlives every op between its
+//!   admission at push and its `Host::retire`: the engine shuts down only
+//!   after its pending ops drained. So an op reaches its host only in between.
+
+// `unsafe`: the adoption link, and freeing a leaked name; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::task::Waker;
+
+use async_task::Runnable;
+
+use super::decl::{Edges, OpEdge};
+use super::units::OpUnits;
+use crate::core::anchor::Anchor;
+use crate::core::countdown::Countdown;
+use crate::error::{FailureKind, OpFailure};
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::AtomicU8;
+
+/// A runnable op, as the host's executors see it.
+pub(crate) type Runner = Runnable<OpBlock>;
+
+/// What decides whether an op runs when an input is poisoned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Skip on a poisoned or deleted input.
+    Normal,
+    /// Run even on poisoned inputs (deleting and un-poisoning a variable).
+    Maintenance,
+}
+
+/// Everything an op is made of, as the engine's builders fill it in.
+pub(crate) struct OpSpec {
+    pub(crate) edges: Edges,
+    pub(crate) units: Option<Box<OpUnits>>,
+    pub(crate) name: Option<Cow<'static, str>>,
+    /// The index of its device in the engine.
+    pub(crate) device: u16,
+    /// Its lane, on a stream device.
+    pub(crate) lane: Option<u8>,
+    pub(crate) priority: i32,
+    pub(crate) mode: Mode,
+    /// The host's bookkeeping bit: the generation of `wait_all` that counted
+    /// the op in (see `core::generations`).
+    pub(crate) generation: u8,
+}
+
+/// `OpBlock::flags`: the op's generation.
+const GENERATION: u8 = 1;
+/// `OpBlock::flags`: `Mode::Maintenance`.
+const MAINTENANCE: u8 = 2;
+/// `OpBlock::flags`: the name was leaked from an owned string.
+const NAME_OWNED: u8 = 4;
+/// `OpBlock::flags`: the bits above this hold the op's lane plus one on a
+/// stream device, 0 elsewhere (lanes are fewer than 31).
+const LANE_SHIFT: u8 = 3;
+
+/// An op's metadata, stored in its task's header.
+pub(crate) struct OpBlock {
+    pub(super) countdown: Countdown<Runner>,
+    /// A waker of this very task, keeping its allocation alive while chains
+    /// may still touch an edge; counts the edges not released yet, plus one
+    /// until the op has run.
+    pub(super) anchor: Anchor<Waker>,
+    /// The next op its pushing thread adopted (see `reclaim`).
+    next_adopted: UnsafeCell<*const OpBlock>,
+    /// 0, or (once an async body leased its `OpCtx`) how many of the future
+    /// and the context still hold the grants: the last one releases them.
+    pub(super) holders: AtomicU8,
+    /// `GENERATION`, `MAINTENANCE` and `NAME_OWNED` bits and the lane,
+    /// packed so that the block stays within its size budget (see the test
+    /// below).
+    flags: u8,
+    device: u16,
+    priority: i32,
+    /// The host that spawned the op, erased (see `lifecycle::host`).
+    pub(super) host: *const (),
+    /// The op's name; an owned name is leaked into it and freed on drop.
+    name: Option<&'static str>,
+    edges: Edges,
+    /// The counted units the op needs, if any.
+    units: Option<Box<OpUnits>>,
+}
+
+// SAFETY: `next_adopted` is touched only by the pushing thread (see
+// `reclaim`); `host` points to a `Sync` host; the countdown and the anchor
+// are `Sync`; everything else is atomic or immutable.
+unsafe impl Send for OpBlock {}
+// SAFETY: as above.
+unsafe impl Sync for OpBlock {}
+
+impl OpBlock {
+    /// The block of an op made of `spec`, pushed to the host at `host`.
+    #[inline]
+    pub(super) fn new(spec: OpSpec, host: *const ()) -> Self {
+        let n = spec.edges.len() as u32;
+        let lane = spec.lane.map_or(0, |l| {
+            debug_assert!(usize::from(l) < crate::device::MAX_LANES);
+            l + 1
+        });
+        Self {
+            countdown: Countdown::new(n),
+            anchor: Anchor::new(n + 1),
+            flags: u8::from(spec.generation != 0) * GENERATION
+                + u8::from(spec.mode == Mode::Maintenance) * MAINTENANCE
+                + u8::from(matches!(spec.name, Some(Cow::Owned(_)))) * NAME_OWNED
+                + (lane << LANE_SHIFT),
+            next_adopted: UnsafeCell::new(std::ptr::null()),
+            holders: AtomicU8::new(0),
+            device: spec.device,
+            priority: spec.priority,
+            host,
+            name: spec.name.map(|n| match n {
+                Cow::Borrowed(s) => s,
+                Cow::Owned(s) => Box::leak(s.into_boxed_str()),
+            }),
+            edges: spec.edges,
+            units: spec.units,
+        }
+    }
+
+    #[inline]
+    fn name_owned(&self) -> bool {
+        self.flags & NAME_OWNED != 0
+    }
+
+    /// The op's lane, if it runs on a stream device.
+    #[inline]
+    pub(crate) fn lane(&self) -> Option<u8> {
+        (self.flags >> LANE_SHIFT).checked_sub(1)
+    }
+
+    /// Whether the op runs even on poisoned inputs.
+    #[inline]
+    pub(crate) fn is_maintenance(&self) -> bool {
+        self.flags & MAINTENANCE != 0
+    }
+
+    /// The generation the host counted the op in.
+    #[inline]
+    pub(crate) fn generation(&self) -> u8 {
+        self.flags & GENERATION
+    }
+
+    #[inline]
+    pub(crate) fn name(&self) -> Option<&str> {
+        // Borrowed from `self`: an owned name lives only as long as the op.
+        self.name
+    }
+
+    /// The op's failure of kind `kind`, named after it (the failure may
+    /// outlive the op).
+    pub(crate) fn failure(&self, kind: FailureKind) -> Arc<OpFailure> {
+        Arc::new(OpFailure::new(self.failure_name(), kind))
+    }
+
+    /// The op's name, owned, for a failure reported later.
+    pub(crate) fn failure_name(&self) -> Option<Cow<'static, str>> {
+        self.name.map(|s| {
+            if self.name_owned() {
+                Cow::Owned(s.to_owned())
+            } else {
+                Cow::Borrowed(s)
+            }
+        })
+    }
+
+    #[inline]
+    pub(crate) fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// The index of the op's device in its engine.
+    #[inline]
+    pub(crate) fn device(&self) -> u16 {
+        self.device
+    }
+
+    #[inline]
+    pub(crate) fn edges(&self) -> &[OpEdge] {
+        self.edges.as_slice()
+    }
+
+    #[inline]
+    pub(crate) fn units(&self) -> Option<&OpUnits> {
+        self.units.as_deref()
+    }
+
+    /// Dependencies not granted yet (and the pusher's guard); a snapshot.
+    #[inline]
+    pub(crate) fn ungranted(&self) -> u32 {
+        self.countdown.pending()
+    }
+
+    /// Whether the op has run and the chains have released all its edges.
+    #[inline]
+    pub(crate) fn is_finished(&self) -> bool {
+        self.anchor.is_finished()
+    }
+
+    /// Drops the anchor of a finished op, which may free it.
+    ///
+    /// # Safety
+    ///
+    /// Called once, by the thread that adopted the op, after `is_finished`.
+    pub(crate) unsafe fn reclaim(this: *const Self) {
+        // SAFETY: finished, so we are the anchor's taker; the anchor keeps
+        // `this` alive until it is dropped, after this statement.
+        drop(unsafe { (*this).anchor.take() });
+    }
+
+    /// Gives up the adopting thread's anchor: whoever brings the count to zero
+    /// drops it (this thread, if the op is already finished).
+    ///
+    /// # Safety
+    ///
+    /// Called once, by the thread that adopted the op (or would have), and
+    /// not together with `reclaim`.
+    pub(crate) unsafe fn orphan(this: *const Self) {
+        // SAFETY: forwarded; the anchor keeps `this` alive until dropped.
+        drop(unsafe { (*this).anchor.orphan() });
+    }
+
+    /// Counts one reference out; the last one out of an orphaned op drops its
+    /// anchor (which may free it: the caller must not touch it afterwards).
+    ///
+    /// # Safety
+    ///
+    /// `this` is alive; each reference is counted out once.
+    #[inline]
+    pub(super) unsafe fn unref(this: *const Self) {
+        // SAFETY: forwarded; the anchor keeps `this` alive until dropped.
+        drop(unsafe { (*this).anchor.unref() });
+    }
+
+    /// # Safety
+    ///
+    /// Only the adopting thread calls this.
+    pub(super) unsafe fn set_next_adopted(&self, next: *const OpBlock) {
+        // SAFETY: only the adopting thread touches the link.
+        self.next_adopted.with_mut(|n| unsafe { *n = next });
+    }
+
+    /// # Safety
+    ///
+    /// Only the adopting thread calls this.
+    pub(super) unsafe fn next_adopted(&self) -> *const OpBlock {
+        // SAFETY: only the adopting thread touches the link.
+        self.next_adopted.with(|n| unsafe { *n })
+    }
+}
+
+impl Drop for OpBlock {
+    fn drop(&mut self) {
+        if self.name_owned()
+            && let Some(name) = self.name.take()
+        {
+            // SAFETY: an owned name was leaked from a `Box<str>` in `new`, and
+            // `name()` only ever lent it out for the lifetime of `self`.
+            drop(unsafe { Box::from_raw(std::ptr::from_ref(name).cast_mut()) });
+        }
+    }
+}
+
+impl std::fmt::Debug for OpBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let vars: Vec<_> = self
+            .edges()
+            .iter()
+            .map(|e| (e.var.id(), if e.is_write() { "mutate" } else { "read" }))
+            .collect();
+        f.debug_struct("Op")
+            .field("name", &self.name())
+            .field("priority", &self.priority)
+            .field("vars", &vars)
+            .field("countdown", &self.countdown)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The op block is most of an op's allocation; with a small closure an op
+    /// on one or two variables fits in 256 bytes (glibc's chunk). A bigger
+    /// block is a regression of the memory held per pending op.
+    #[test]
+    fn op_block_stays_small() {
+        assert!(
+            std::mem::size_of::<OpBlock>() <= 144,
+            "OpBlock grew to {} bytes",
+            std::mem::size_of::<OpBlock>()
+        );
+        assert_eq!(std::mem::size_of::<OpEdge>(), 24);
+    }
+}

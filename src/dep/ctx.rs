@@ -1,0 +1,420 @@
+//! What an op's body sees: the values of the variables it declared.
+//!
+//! Access is checked against the op's declaration at run time: reading a
+//! variable the op did not declare, or mutating one it declared as read, is an
+//! [`Error`], never undefined behaviour. Borrows of a mutated variable are
+//! tracked like a `RefCell`'s, so a body cannot hold `&mut T` and `&T` of the
+//! same variable at once.
+
+// `unsafe`: a body's access to the values of its variables, under their grants; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::task::Waker;
+
+use super::block::OpBlock;
+use super::body::Env;
+use super::decl::OpEdge;
+use super::var::{VarKey, VarState};
+use crate::core::few::Few;
+use crate::device::Stream;
+use crate::error::Error;
+use crate::resource::Held;
+
+/// Borrow counter value of a variable borrowed mutably.
+const MUT: i32 = -1;
+
+/// A device of an engine: where an op runs. Cheap to copy.
+///
+/// Get one from [`Engine::device`](crate::Engine::device) or
+/// [`Engine::default_device`](crate::Engine::default_device), and pick it for an
+/// op with [`OpBuilder::on`](crate::OpBuilder::on).
+///
+/// ```
+/// use depflow::{Engine, Error, Executor};
+///
+/// let engine = Engine::builder().device("gpu1", Executor::pool(1)).build()?;
+/// let gpu1 = engine.device("gpu1").unwrap();
+/// assert_eq!(gpu1.index(), 1);
+/// let v = engine.new_var();
+/// let device = engine.op().on(gpu1).mutates(&[&v]).run(|ctx| Ok::<_, Error>(ctx.device()))?.wait()?;
+/// assert_eq!(device, gpu1);
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Device {
+    pub(crate) engine: u64,
+    pub(crate) index: u16,
+}
+
+impl Device {
+    pub(crate) fn new(engine: u64, index: u16) -> Self {
+        Self { engine, index }
+    }
+
+    /// The device's position in its engine (0 is the default device).
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.index)
+    }
+}
+
+/// The context an op's body runs in: it gives access to the values of the
+/// variables the op declared.
+///
+/// A synchronous op ([`Engine::push`](crate::Engine::push)) gets `&OpCtx` for
+/// the duration of its closure. An async op
+/// ([`Engine::push_async`](crate::Engine::push_async)) owns its `OpCtx`: the
+/// op keeps its dependencies until both its future has finished and the
+/// context has been dropped, so a context that escapes the future keeps the
+/// variables locked until it is dropped.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let a = engine.var(2);
+/// let b = engine.var(0);
+/// engine
+///     .push(&[&a], &[&b], {
+///         let (a, b) = (a.clone(), b.clone());
+///         move |ctx| -> Result<(), depflow::Error> {
+///             *ctx.write(&b)? = *ctx.read(&a)? + 1;
+///             Ok(())
+///         }
+///     })?
+///     .wait()?;
+/// # Ok::<(), depflow::Error>(())
+/// ```
+pub struct OpCtx {
+    op: *const OpBlock,
+    /// One borrow counter per mutated variable, at the index of its edge
+    /// (writes come first among the op's edges); reads need none.
+    borrows: Few<AtomicI32>,
+    /// For a leased context (an async body's).
+    lease: Option<Lease>,
+    /// The op's stream on a stream device (null elsewhere); it outlives the
+    /// borrowed context, which lives within the body's call.
+    stream: *const Stream,
+    /// The id of the op's engine.
+    engine: u64,
+}
+
+/// What a leased context holds of its op.
+struct Lease {
+    /// A waker of the op's task, keeping its allocation (and so `op`) alive
+    /// for as long as the context lives.
+    anchor: Waker,
+    /// Releases the op's grants if the future finished first (see
+    /// `Env::lease_dropped`).
+    dropped: unsafe fn(&OpBlock),
+}
+
+// SAFETY: `op` points to the `Sync` metadata of a task kept alive for the
+// context's lifetime; the other fields are `Send + Sync`.
+unsafe impl Send for OpCtx {}
+// SAFETY: as above.
+unsafe impl Sync for OpCtx {}
+
+/// A counter per mutated variable of `op` (and, for an op on one or two
+/// variables, per read too: they fit inline anyway, and counting the writes
+/// would cost more than the counters).
+#[inline]
+fn borrows(op: &OpBlock) -> Few<AtomicI32> {
+    let edges = op.edges();
+    let n = match edges.len() {
+        n @ 0..=2 => n,
+        _ => edges.iter().take_while(|e| e.is_write()).count(),
+    };
+    Few::from_fn(n, |_| AtomicI32::new(0))
+}
+
+impl OpCtx {
+    /// A context borrowed for one call of a synchronous body.
+    #[inline]
+    pub(crate) fn borrowed(op: &OpBlock, env: &Env<'_>) -> Self {
+        Self {
+            op,
+            borrows: borrows(op),
+            lease: None,
+            stream: env.stream.map_or(std::ptr::null(), |s| s),
+            engine: env.engine,
+        }
+    }
+
+    /// A context owned by an async body; `anchor` is a waker of the op's task.
+    pub(crate) fn leased(op: &OpBlock, env: &Env<'_>, anchor: Waker) -> Self {
+        Self {
+            op,
+            borrows: borrows(op),
+            lease: Some(Lease {
+                anchor,
+                dropped: env.lease_dropped,
+            }),
+            stream: std::ptr::null(),
+            engine: env.engine,
+        }
+    }
+
+    #[inline]
+    fn op(&self) -> &OpBlock {
+        // SAFETY: a borrowed context lives within the body's call, during which
+        // the task (and its metadata) is alive; a leased one holds a waker of
+        // the task, which keeps the allocation alive.
+        unsafe { &*self.op }
+    }
+
+    /// The op's edge on the variable `key` names.
+    #[inline]
+    fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
+        self.op()
+            .edges()
+            .iter()
+            .enumerate()
+            .find(|(_, e)| key.names(&e.var))
+            .ok_or(Error::NotDeclared(key.id()))
+    }
+
+    /// Borrows the value of a variable the op declared (read or mutated).
+    /// `var` is the variable (`&Var<T>`) or its [`VarKey`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDeclared`] if the op did not declare the variable;
+    /// [`Error::Borrowed`] if the body holds a mutable borrow of it.
+    #[inline]
+    pub fn read<T>(&self, var: impl Into<VarKey<T>>) -> Result<VarRef<'_, T>, Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let key = var.into();
+        let (i, edge) = self.find(key)?;
+        let count = if edge.is_write() {
+            let count = &self.borrows[i];
+            count
+                .fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| {
+                    (c != MUT).then_some(c + 1)
+                })
+                .map_err(|_| Error::Borrowed(key.id()))?;
+            Some(count)
+        } else {
+            None
+        };
+        // SAFETY: the key names this edge's variable, so `T` is its value type
+        // (keys are made only from a `Var<T>`, and ids are unique); the op
+        // holds a grant on it while this context lives, and the borrow count
+        // excludes a live mutable borrow from this body.
+        match unsafe { (*edge.var.value::<T>().get()).as_ref() } {
+            Some(value) => Ok(VarRef { value, count }),
+            None => {
+                if let Some(c) = count {
+                    c.fetch_sub(1, Ordering::Release);
+                }
+                Err(Error::Deleted(key.id()))
+            }
+        }
+    }
+
+    /// Mutably borrows the value of a variable the op declared as mutated.
+    /// `var` is the variable (`&Var<T>`) or its [`VarKey`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDeclared`] if the op did not declare the variable;
+    /// [`Error::NotMutable`] if it declared it as read only;
+    /// [`Error::Borrowed`] if the body already borrows it.
+    #[inline]
+    pub fn write<T>(&self, var: impl Into<VarKey<T>>) -> Result<VarMut<'_, T>, Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let key = var.into();
+        let (_, count, edge) = self.claim(key)?;
+        // SAFETY: as in `read`; the op holds the write grant, and the borrow
+        // count makes this the only borrow of the value.
+        match unsafe { (*edge.var.value::<T>().get()).as_mut() } {
+            Some(value) => Ok(VarMut { value, count }),
+            None => {
+                count.store(0, Ordering::Release);
+                Err(Error::Deleted(key.id()))
+            }
+        }
+    }
+
+    /// Deletes the variable `key` names: marks it deleted and takes its
+    /// value and the resource units it holds (to give back once the value is
+    /// recycled). The op declared it as mutated, and the body does not
+    /// borrow it.
+    pub(crate) fn delete<T>(&self, key: VarKey<T>) -> Result<(Option<T>, Held), Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let (_, count, edge) = self.claim(key)?;
+        // SAFETY: as in `write`: the write grant and the exclusive borrow.
+        let taken = unsafe {
+            edge.var.set_state(VarState::Deleted);
+            ((*edge.var.value::<T>().get()).take(), edge.var.take_units())
+        };
+        count.store(0, Ordering::Release);
+        Ok(taken)
+    }
+
+    /// Clears the poison of the variable `key` names (declared as mutated).
+    pub(crate) fn clear_poison<T>(&self, key: VarKey<T>) -> Result<(), Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let (_, count, edge) = self.claim(key)?;
+        // SAFETY: the op holds the write grant on the variable.
+        unsafe { edge.var.set_state(VarState::Live) };
+        count.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Borrows the variable `key` names exclusively: the op declared it as
+    /// mutated and the body holds no borrow of it. Release with a store of 0.
+    #[inline]
+    fn claim<T>(&self, key: VarKey<T>) -> Result<(usize, &AtomicI32, &OpEdge), Error> {
+        let (i, edge) = self.find(key)?;
+        if !edge.is_write() {
+            return Err(Error::NotMutable(key.id()));
+        }
+        let count = &self.borrows[i];
+        count
+            .compare_exchange(0, MUT, Ordering::Acquire, Ordering::Relaxed)
+            .map_err(|_| Error::Borrowed(key.id()))?;
+        Ok((i, count, edge))
+    }
+
+    /// The op's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.op().name()
+    }
+
+    /// The device the op runs on.
+    pub fn device(&self) -> Device {
+        Device::new(self.engine, self.op().device())
+    }
+
+    /// The stream to enqueue the op's work on, for an op on a stream device
+    /// ([`Executor::cuda`](crate::Executor::cuda),
+    /// [`Executor::simulated_gpu`](crate::Executor::simulated_gpu)).
+    /// See [`Stream`] for an example.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stream`] if the op does not run on a stream device.
+    pub fn stream(&self) -> Result<&Stream, Error> {
+        // SAFETY: a non-null `stream` outlives this borrowed context (see the
+        // field).
+        unsafe { self.stream.as_ref() }
+            .ok_or_else(|| Error::Stream("the op does not run on a stream device".into()))
+    }
+}
+
+impl Drop for OpCtx {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            // SAFETY: `dropped` was made for this op's host by its future
+            // (`Env`), and the op has not retired: its future or this lease
+            // still holds its grants.
+            unsafe { (lease.dropped)(self.op()) };
+            drop(lease.anchor);
+        }
+    }
+}
+
+impl std::fmt::Debug for OpCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpCtx").field("op", self.op()).finish()
+    }
+}
+
+/// A shared borrow of a variable's value, from [`OpCtx::read`]; it derefs to
+/// `&T`.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let v = engine.var(vec![1, 2, 3]);
+/// let k = v.key();
+/// let sum = engine.push(&[&v], &[], move |ctx| -> Result<i32, depflow::Error> {
+///     let values = ctx.read(k)?; // a VarRef<Vec<i32>>
+///     Ok(values.iter().sum())
+/// })?;
+/// assert_eq!(sum.wait()?, 6);
+/// # Ok::<(), depflow::Error>(())
+/// ```
+pub struct VarRef<'a, T> {
+    value: &'a T,
+    count: Option<&'a AtomicI32>,
+}
+
+impl<T> Deref for VarRef<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> Drop for VarRef<'_, T> {
+    fn drop(&mut self) {
+        if let Some(c) = self.count {
+            c.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for VarRef<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+/// A mutable borrow of a variable's value, from [`OpCtx::write`]; it derefs
+/// to `&mut T`.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let v = engine.var(String::new());
+/// let k = v.key();
+/// engine.push(&[], &[&v], move |ctx| -> Result<(), depflow::Error> {
+///     let mut s = ctx.write(k)?; // a VarMut<String>
+///     s.push_str("written");
+///     Ok(())
+/// })?;
+/// # Ok::<(), depflow::Error>(())
+/// ```
+pub struct VarMut<'a, T> {
+    value: &'a mut T,
+    count: &'a AtomicI32,
+}
+
+impl<T> Deref for VarMut<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> DerefMut for VarMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value
+    }
+}
+
+impl<T> Drop for VarMut<'_, T> {
+    fn drop(&mut self) {
+        self.count.store(0, Ordering::Release);
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for VarMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}

@@ -1,0 +1,119 @@
+//! Declarations to edges: what an op reads and mutates, normalised into the
+//! edges it links into its variables' chains.
+//!
+//! Mutated variables come first, each variable once, a variable both read
+//! and mutated counting as mutated. Every variable must belong to the
+//! pushing engine: so all ops in one chain share one host, which is what
+//! lets a grant pass the granting op's host to the granted one (see
+//! `lifecycle`).
+
+use std::collections::HashSet;
+
+use super::block::OpBlock;
+use super::var::{AnyVar, VarCore, VarHold};
+use crate::core::chain::Edge;
+use crate::core::few::Few;
+use crate::error::Error;
+
+/// Declarations of up to this many variables are normalised on the stack.
+const SMALL_DECL: usize = 8;
+
+/// One op's access to one variable: the chain edge and the variable it is in.
+pub(crate) struct OpEdge {
+    pub(crate) edge: Edge<OpBlock>,
+    pub(crate) var: VarHold,
+}
+
+impl OpEdge {
+    #[inline]
+    fn new(var: &dyn AnyVar, write: bool) -> Self {
+        Self {
+            edge: Edge::new(write),
+            var: var.hold(),
+        }
+    }
+
+    /// Whether the op mutates this variable.
+    #[inline]
+    pub(crate) fn is_write(&self) -> bool {
+        self.edge.is_write()
+    }
+}
+
+/// The op's edges, writes first, each variable once; two inline.
+pub(crate) type Edges = Few<OpEdge>;
+
+/// Normalises a declaration of the engine with id `engine` into edges.
+///
+/// # Errors
+///
+/// [`Error::NoVars`] for empty lists, [`Error::ForeignVar`] for a variable
+/// of another engine, [`Error::Deleted`] for a deleted one.
+#[inline]
+pub(crate) fn edges(
+    reads: &[&dyn AnyVar],
+    mutates: &[&dyn AnyVar],
+    engine: u64,
+) -> Result<Edges, Error> {
+    let all = || mutates.iter().chain(reads);
+    if mutates.is_empty() && reads.is_empty() {
+        return Err(Error::NoVars);
+    }
+    for var in all() {
+        check(var.core(), engine)?;
+    }
+    // Fast paths for one or two variables, the common case. The general
+    // path below gives the same edges; this one saves 58 to 105
+    // instructions per push (callgrind, `chain` and `seed4`).
+    match (mutates, reads) {
+        ([v], []) | ([], [v]) => return Ok(Few::One(OpEdge::new(*v, !mutates.is_empty()))),
+        ([a], [b]) | ([a, b], []) | ([], [a, b]) => {
+            let a_write = !mutates.is_empty();
+            let b_write = mutates.len() == 2;
+            return Ok(if std::ptr::eq(a.core(), b.core()) {
+                Few::One(OpEdge::new(*a, a_write))
+            } else {
+                Few::Two([OpEdge::new(*a, a_write), OpEdge::new(*b, b_write)])
+            });
+        }
+        _ => {}
+    }
+    let n = mutates.len() + reads.len();
+    if n <= SMALL_DECL {
+        // Dedup on the stack: no allocation unless more than two remain.
+        let mut kept: [Option<(&dyn AnyVar, bool)>; SMALL_DECL] = [None; SMALL_DECL];
+        let mut k = 0;
+        for (i, var) in all().enumerate() {
+            if !kept[..k]
+                .iter()
+                .flatten()
+                .any(|(v, _)| std::ptr::eq(v.core(), var.core()))
+            {
+                kept[k] = Some((*var, i < mutates.len()));
+                k += 1;
+            }
+        }
+        return Ok(Few::from_fn(k, |j| {
+            let (var, write) = kept[j].expect("kept");
+            OpEdge::new(var, write)
+        }));
+    }
+    let mut seen = HashSet::new();
+    Ok(all()
+        .enumerate()
+        .filter(|(_, var)| seen.insert(var.core() as *const VarCore))
+        .map(|(i, var)| OpEdge::new(*var, i < mutates.len()))
+        .collect())
+}
+
+/// Whether `core` may be declared by an op of engine `engine`.
+#[inline]
+fn check(core: &VarCore, engine: u64) -> Result<(), Error> {
+    if core.engine() != engine {
+        Err(Error::ForeignVar(core.id()))
+    } else if core.is_deleted() {
+        Err(Error::Deleted(core.id()))
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! The future a host op's task runs: wait for device work on its variables,
+//! check its inputs, run the body with panics caught, then finish the op
+//! (see `lifecycle`); and the thread-local marker of the op a thread is
+//! running, which blocking waits consult.
+
+// `unsafe`: the future's pointer to its own task's op, and pin projection; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::block::OpBlock;
+use super::body::{Body, Env};
+use super::host::Host;
+use super::lifecycle::{Outcome, abandon, finish, host, lease_dropped};
+use super::poison::skip;
+use crate::error::{Error, FailureKind, panic_message};
+
+/// The future of an op on a host device (see `stream_op` for the other).
+pub(crate) struct OpFuture<B, H: Host> {
+    op: *const OpBlock,
+    started: bool,
+    finished: bool,
+    body: B,
+    _host: PhantomData<fn(&H)>,
+}
+
+// SAFETY: the only non-`Send` field is the pointer to the task's own metadata,
+// which is `Sync`.
+unsafe impl<B: Send, H: Host> Send for OpFuture<B, H> {}
+
+impl<B: Body, H: Host> OpFuture<B, H> {
+    pub(super) fn new(op: &OpBlock, body: B) -> Self {
+        Self {
+            op,
+            started: false,
+            finished: false,
+            body,
+            _host: PhantomData,
+        }
+    }
+}
+
+impl<B: Body, H: Host> Future for OpFuture<B, H> {
+    type Output = Result<B::Output, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `body` is structurally pinned (never moved out); the other
+        // fields are plain data.
+        let this = unsafe { self.get_unchecked_mut() };
+        assert!(!this.finished, "op polled after it finished");
+        // SAFETY: this future lives in the task allocation whose header holds
+        // the block, and is dropped before it; `spawn::<_, H>` made it, and
+        // the op is pending while it runs.
+        let (op, host) = unsafe { (&*this.op, host::<H>(&*this.op)) };
+
+        if !this.started {
+            let streams = host.has_streams();
+            // Device work on the op's variables must be done first.
+            if streams {
+                if op.await_fences(cx, None).is_pending() {
+                    return Poll::Pending;
+                }
+                op.settle_fences();
+            }
+            // An op with units was checked when it became ready; a failed
+            // device write may have come in since only with streams.
+            let checked = !streams && op.units().is_some_and(|u| !u.is_skipped());
+            if !checked && let Some(why) = op.blocked_by(streams) {
+                this.finished = true;
+                return Poll::Ready(Err(skip(op, why, host)));
+            }
+            host.on_started(op);
+        }
+
+        this.started = true;
+        // SAFETY: `body` is pinned with `this`.
+        let body = unsafe { Pin::new_unchecked(&mut this.body) };
+        let env = Env {
+            stream: None,
+            engine: host.id(),
+            lease_dropped: lease_dropped::<H>,
+        };
+        let result = match run_body(op, body, &env, cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(result) => result,
+        };
+        this.finished = true;
+        Poll::Ready(match result {
+            Ok(value) => {
+                finish(op, Outcome::Succeeded, host);
+                Ok(value)
+            }
+            Err(kind) => {
+                let failure = op.failure(kind);
+                finish(op, Outcome::Failed(failure.clone()), host);
+                Err(Error::Failed(failure))
+            }
+        })
+    }
+}
+
+impl<B, H: Host> Drop for OpFuture<B, H> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // SAFETY: as in `poll`: the op has not retired.
+            let (op, host) = unsafe { (&*self.op, host::<H>(&*self.op)) };
+            abandon(op, host);
+        }
+    }
+}
+
+/// Polls the op's body, marked as the thread's current op, panics caught.
+#[inline]
+pub(super) fn run_body<B: Body>(
+    op: &OpBlock,
+    body: Pin<&mut B>,
+    env: &Env<'_>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<B::Output, FailureKind>> {
+    let polled = {
+        let _current = CurrentOp::enter(op);
+        catch_unwind(AssertUnwindSafe(|| body.poll_body(op, env, cx)))
+    };
+    match polled {
+        Ok(Poll::Pending) => Poll::Pending,
+        Ok(Poll::Ready(Ok(value))) => Poll::Ready(Ok(value)),
+        Ok(Poll::Ready(Err(e))) => Poll::Ready(Err(FailureKind::Error(e))),
+        Err(payload) => Poll::Ready(Err(FailureKind::Panic(panic_message(payload.as_ref())))),
+    }
+}
+
+crate::loom::thread::thread_local! {
+    static CURRENT: std::cell::Cell<*const OpBlock> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// Marks the calling thread as running an op's body until dropped.
+struct CurrentOp(*const OpBlock);
+
+impl CurrentOp {
+    #[inline]
+    fn enter(op: &OpBlock) -> Self {
+        CurrentOp(CURRENT.with(|c| c.replace(op)))
+    }
+}
+
+impl Drop for CurrentOp {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.0));
+    }
+}
+
+/// Runs `f` with the op whose body the calling thread is running, if any.
+#[inline]
+pub(crate) fn with_current_op<R>(f: impl FnOnce(Option<&OpBlock>) -> R) -> R {
+    let op = CURRENT.with(|c| c.get());
+    // SAFETY: `CURRENT` is set only while the op's body is being polled on this
+    // thread, during which the op's block is alive.
+    f(unsafe { op.as_ref() })
+}
+
+/// Whether the calling thread is running an op's body.
+#[inline]
+pub(crate) fn in_op() -> bool {
+    CURRENT.with(|c| !c.get().is_null())
+}

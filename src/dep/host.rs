@@ -1,0 +1,83 @@
+//! What the dependency layer needs from the world above: the [`Host`] an op
+//! is pushed to (the engine), as tokio's tasks know their scheduler only as
+//! `Schedule`.
+//!
+//! The layer is generic over its host where it runs (an op's future, its
+//! push, its grants), so that the engine's implementation is called
+//! statically, monomorphised once; an op keeps its host erased (see
+//! `lifecycle::host`). The loom models drive the real ops through a no-op
+//! host (`testing`).
+
+use std::sync::Arc;
+
+use super::block::{OpBlock, Runner};
+use crate::core::tickets::Demand;
+use crate::device::StreamDevice;
+use crate::error::OpFailure;
+use crate::loom::sync::Mutex;
+
+/// What an op needs from the engine it was pushed to.
+///
+/// Calls come from any thread: the pusher, the threads that complete ops,
+/// executors. None of them may block or run an op inline unless the
+/// executor is built for that; the lifecycle hooks are called on the hot
+/// path, so a host that records nothing leaves them empty.
+pub(crate) trait Host: Sync + Sized + 'static {
+    /// The host's identity: the variables it made carry it, and ops may only
+    /// declare those.
+    fn id(&self) -> u64;
+
+    /// The lock under which an op on several variables links its edges, so
+    /// that every chain sees such ops in one global order.
+    fn push_lock(&self) -> &Mutex<()>;
+
+    /// Whether some device is a stream device (then ops mind the device
+    /// work on their variables).
+    fn has_streams(&self) -> bool;
+
+    /// Stream device `device`, if it is one.
+    fn stream_device(&self, device: u16) -> Option<&StreamDevice>;
+
+    /// Hands a ready op to its device's executor. `yielded`: the op woke
+    /// itself while running.
+    fn dispatch(&self, op: Runner, yielded: bool);
+
+    /// Asks for the units of an op whose variables granted it; the host
+    /// passes it to [`dispatch_granted`](super::dispatch_granted) once they
+    /// are free (perhaps at once).
+    fn request_units(&self, op: Runner);
+
+    /// Gives up the tickets of an op that will not ask for its units (it
+    /// will be skipped).
+    fn retire_tickets(&self, demands: &[Demand]);
+
+    /// Gives units back: (pool, amount) pairs.
+    fn give_back_units(&self, returns: &[(usize, u64)]);
+
+    /// Records the failure of an op (reported by `wait_all`).
+    fn record_failure(&self, failure: Arc<OpFailure>);
+
+    /// Counts a finished op out: it never reaches the host again.
+    fn retire(&self, op: &OpBlock);
+
+    /// Hook: the op was pushed (before it can run).
+    #[inline]
+    fn on_pushed(&self, _op: &OpBlock) {}
+
+    /// Hook: every variable granted the op.
+    #[inline]
+    fn on_ready(&self, _op: &OpBlock) {}
+
+    /// Hook: the op got its units.
+    #[inline]
+    fn on_granted(&self, _op: &OpBlock) {}
+
+    /// Hook: the op's body is about to run for the first time.
+    #[inline]
+    fn on_started(&self, _op: &OpBlock) {}
+
+    /// Hook: the op finished (ran, failed or was skipped), just before it is
+    /// retired; it is still alive.
+    #[inline]
+    fn on_finished(&self, _op: &OpBlock) {}
+}

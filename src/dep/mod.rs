@@ -1,0 +1,44 @@
+//! The dependency layer: variables, the ops declared on them, and every
+//! step of an op's life from push to retirement.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | `var` | variables: their chain, version, state (live, poisoned, deleted), held units, fences and value |
+//! | `decl` | declarations normalised into edges |
+//! | `block` | one op's metadata, the [`OpBlock`] |
+//! | `lifecycle` | spawn, link, grant, ready, finish, retire: the transitions, generic over the host |
+//! | `units` | the counted units an op needs, and how lasting ones are handed on |
+//! | `poison` | whether an op may run, and how failures pass on |
+//! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
+//! | `ctx` | what a body sees: [`OpCtx`] |
+//! | `reclaim` | who frees an op: the thread that pushed it |
+//! | `host` | what the layer needs from above: the [`Host`] trait |
+//!
+//! May import: `crate::loom`, `crate::core`, `crate::error`,
+//! `crate::resource`, `crate::device`. It reaches the engine only through
+//! [`Host`], which the engine implements (and the loom models, with a no-op
+//! host: `testing`). The planned recorded graphs (`graph/`) will build their
+//! replays from the same blocks and lifecycle.
+
+mod block;
+mod body;
+mod ctx;
+mod decl;
+mod future;
+mod host;
+mod lifecycle;
+mod poison;
+pub(crate) mod reclaim;
+mod stream_op;
+mod units;
+mod var;
+
+pub(crate) use self::block::{Mode, OpBlock, OpSpec, Runner};
+pub(crate) use self::body::{AsyncBody, Body, SyncBody};
+pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
+pub(crate) use self::decl::{Edges, edges};
+pub(crate) use self::future::{in_op, with_current_op};
+pub(crate) use self::host::Host;
+pub(crate) use self::lifecycle::{OpTask, dispatch_granted, spawn};
+pub(crate) use self::units::OpUnits;
+pub use self::var::{AnyVar, Var, VarKey};

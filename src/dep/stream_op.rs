@@ -1,0 +1,276 @@
+//! How an op runs on a stream device: its future, in two halves.
+//!
+//! 1. *Enqueue*, on the device's launcher thread, once its variables are
+//!    granted: wait on the host for fences of other devices; put stream
+//!    waits for this device's fences on its lane; run the body (which
+//!    enqueues); record the op's fence after it; publish the fence in the
+//!    variables; give the variables back. The op's units stay taken.
+//! 2. *Complete*, when the device's poller completed the fence: give the
+//!    units back, resolve the handle, retire the op.
+//!
+//! A host op on an engine with stream devices waits (parked) for the fences
+//! on its variables before it runs (see `poison`).
+
+// `unsafe`: as in `future`, for ops on stream devices; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::block::OpBlock;
+use super::body::{Body, Env};
+use super::future::run_body;
+use super::host::Host;
+use super::lifecycle::{Outcome, abandon, finish, host, lease_dropped, release_edges, retire};
+use super::poison::skip;
+use crate::device::poller::Entry;
+use crate::device::{Fence, Stream, StreamDevice};
+use crate::error::{Error, FailureKind};
+
+impl OpBlock {
+    /// Puts stream waits on `lane` of `device` for that device's fences on
+    /// the op's variables, and returns the writes' among them not done yet
+    /// (the new fence's parents: their failure is the op's). A read's fence
+    /// only orders: a failed read does not poison what it read.
+    fn wait_on_device(&self, device: &StreamDevice, lane: u8) -> Result<Vec<Arc<Fence>>, String> {
+        let mut parents: Vec<Arc<Fence>> = Vec::new();
+        let mut failed = None;
+        for e in self.edges() {
+            e.var.fences().for_each_pending(e.is_write(), |f, write| {
+                if f.device() != device.index {
+                    return;
+                }
+                // Same lane: the stream's order is enough. (A done fence here
+                // is a write that failed since `blocked_by` looked: it is a
+                // parent all the same.)
+                if f.lane() != lane
+                    && !f.is_done()
+                    && let Err(m) = device.backend.wait(lane, f.event())
+                {
+                    failed.get_or_insert(m);
+                }
+                if write && !parents.iter().any(|p| Arc::ptr_eq(p, f)) {
+                    parents.push(f.clone());
+                }
+            });
+        }
+        match failed {
+            Some(m) => Err(m),
+            None => Ok(parents),
+        }
+    }
+
+    /// Publishes the op's fence in its variables: a write's replaces what
+    /// the variable waited for, a read's joins the reads.
+    fn publish(&self, fence: &Arc<Fence>) {
+        for e in self.edges() {
+            if e.is_write() {
+                e.var.fences().set_write(fence.clone());
+            } else {
+                e.var.fences().add_read(fence.clone());
+            }
+        }
+    }
+
+    /// The enqueue half's end: keeps aside the units to give back later
+    /// (handing lasting ones on unless the body failed), and gives the
+    /// variables back. A failed body poisons through the fence, once the
+    /// fences before it are known (an input's failure comes first).
+    fn release_enqueued<H: Host>(&self, body_failed: bool, host: &H) {
+        if let Some(units) = self.units() {
+            if body_failed {
+                units.mark_failed();
+            }
+            if units.is_held() {
+                // SAFETY: the op still holds its grants (released below).
+                units.defer(unsafe { units.hand_on(self) });
+            }
+        }
+        release_edges(self, host);
+    }
+
+    /// The complete half: gives the units back and retires the op.
+    fn complete_on_device<H: Host>(&self, host: &H) {
+        if let Some(units) = self.units() {
+            host.give_back_units(&units.take_deferred());
+        }
+        retire(self, host);
+    }
+}
+
+/// The future of an op on a stream device.
+pub(crate) struct StreamOpFuture<B: Body, H: Host> {
+    op: *const OpBlock,
+    stage: Stage<B::Output>,
+    body: B,
+    _host: PhantomData<fn(&H)>,
+}
+
+enum Stage<T> {
+    Start,
+    /// The work is enqueued; the body's value, unless it failed (then the
+    /// fence fails).
+    Enqueued(Arc<Fence>, Option<T>),
+    Finished,
+}
+
+// SAFETY: as for `OpFuture`: the only non-`Send` field is the pointer to the
+// task's own (`Sync`) metadata.
+unsafe impl<B: Body, H: Host> Send for StreamOpFuture<B, H> {}
+
+impl<B: Body, H: Host> StreamOpFuture<B, H> {
+    pub(super) fn new(op: &OpBlock, body: B) -> Self {
+        Self {
+            op,
+            stage: Stage::Start,
+            body,
+            _host: PhantomData,
+        }
+    }
+}
+
+impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
+    type Output = Result<B::Output, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `body` is structurally pinned (never moved out); the other
+        // fields are plain data.
+        let this = unsafe { self.get_unchecked_mut() };
+        // SAFETY: this future lives in the task allocation whose header holds
+        // the block, and is dropped before it; `spawn::<_, H>` made it, and
+        // the op is pending while it runs.
+        let (op, host) = unsafe { (&*this.op, host::<H>(&*this.op)) };
+        if let Stage::Start = this.stage {
+            if op.await_fences(cx, Some(op.device())).is_pending() {
+                return Poll::Pending;
+            }
+            if op.blocked_by(true).is_some() {
+                // It will not run; but which input's failure comes first in
+                // program order may hang on device work still running on an
+                // earlier edge: wait for all of it before naming the cause.
+                if op.await_fences(cx, None).is_pending() {
+                    return Poll::Pending;
+                }
+                let why = op
+                    .blocked_by(true)
+                    .expect("a poisoned input stays poisoned");
+                this.stage = Stage::Finished;
+                return Poll::Ready(Err(skip(op, why, host)));
+            }
+            host.on_started(op);
+            // SAFETY: `body` is pinned with `this`.
+            let body = unsafe { Pin::new_unchecked(&mut this.body) };
+            match enqueue(op, body, host, cx) {
+                Ok(stage) => this.stage = stage,
+                Err(e) => {
+                    this.stage = Stage::Finished;
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+        let Stage::Enqueued(fence, _) = &this.stage else {
+            panic!("op polled after it finished");
+        };
+        let done = match fence.poll_done(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(done) => done,
+        };
+        let inherited = fence.inherited();
+        let Stage::Enqueued(_, value) = std::mem::replace(&mut this.stage, Stage::Finished) else {
+            unreachable!()
+        };
+        let result = match done {
+            Ok(()) => Ok(value.expect("a fence without failure has a value")),
+            Err(cause) if inherited => Err(Error::Poisoned(cause)),
+            Err(failure) => {
+                host.record_failure(failure.clone());
+                Err(Error::Failed(failure))
+            }
+        };
+        op.complete_on_device(host);
+        Poll::Ready(result)
+    }
+}
+
+/// The enqueue half (see the module docs). Never pending: stream ops have
+/// synchronous bodies (checked at push). An error means the op finished
+/// without enqueuing anything.
+fn enqueue<B: Body, H: Host>(
+    op: &OpBlock,
+    body: Pin<&mut B>,
+    host: &H,
+    cx: &mut Context<'_>,
+) -> Result<Stage<B::Output>, Error> {
+    let device = host
+        .stream_device(op.device())
+        .expect("a stream op on a stream device");
+    let lane = op.lane().expect("a stream op has a lane");
+    let prepared = device.backend.new_event().and_then(|event| {
+        let parents = op.wait_on_device(device, lane)?;
+        Ok((Arc::new(Fence::new(device.index, lane, event)), parents))
+    });
+    let (fence, parents) = prepared.map_err(|m| {
+        // Nothing of this op's was enqueued: it fails like a host op.
+        let failure = op.failure(FailureKind::Device(m));
+        finish(op, Outcome::Failed(failure.clone()), host);
+        Error::Failed(failure)
+    })?;
+    let stream = Stream::new(device.backend.clone(), lane, fence.clone());
+    let env = Env {
+        stream: Some(&stream),
+        engine: host.id(),
+        lease_dropped: lease_dropped::<H>,
+    };
+    let outcome = match run_body(op, body, &env, cx) {
+        Poll::Ready(Ok(value)) => Ok(value),
+        Poll::Ready(Err(kind)) => Err(op.failure(kind)),
+        Poll::Pending => unreachable!("a stream op's body is synchronous"),
+    };
+    drop(stream);
+    let (value, body_failure) = match outcome {
+        Ok(value) => (Some(value), None),
+        Err(failure) => (None, Some(failure)),
+    };
+    match device.backend.record(lane, fence.event()) {
+        Ok(()) => {
+            op.publish(&fence);
+            op.release_enqueued(body_failure.is_some(), host);
+            device.poller.watch(Entry {
+                fence: fence.clone(),
+                parents,
+                body_failure,
+                name: op.failure_name(),
+            });
+        }
+        Err(m) => {
+            // The event will never complete, so the op fails now: when its
+            // work ends cannot be known (a device that refuses to record an
+            // event is broken anyway).
+            fence.complete(Err(
+                body_failure.unwrap_or_else(|| op.failure(FailureKind::Device(m)))
+            ));
+            op.publish(&fence);
+            op.release_enqueued(true, host);
+        }
+    }
+    Ok(Stage::Enqueued(fence, value))
+}
+
+impl<B: Body, H: Host> Drop for StreamOpFuture<B, H> {
+    fn drop(&mut self) {
+        if let Stage::Finished = self.stage {
+            return;
+        }
+        // SAFETY: as in `poll`: the op has not retired.
+        let (op, host) = unsafe { (&*self.op, host::<H>(&*self.op)) };
+        match self.stage {
+            Stage::Finished => {}
+            Stage::Start => abandon(op, host),
+            // Dropped while its work runs: count it out now rather than never.
+            Stage::Enqueued(..) => op.complete_on_device(host),
+        }
+    }
+}

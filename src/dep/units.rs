@@ -1,0 +1,215 @@
+//! The counted units an op needs ([`OpUnits`]), and how it hands the lasting
+//! ones on to its outputs.
+//!
+//! An op declares units next to its variables; the engine validates them at
+//! push. Once the op's variables grant it, the host's broker grants it all
+//! its units at once (or parks it, holding nothing); when it completes, its
+//! temporary units go back and its lasting ones stay with the outputs it
+//! allocated (see `resource` and `core::tickets`).
+//!
+//! # Who touches what
+//!
+//! | field | written by | read by |
+//! | --- | --- | --- |
+//! | `demands` (amounts), `resources`, `lasting` | the builder, before push | anyone |
+//! | `demands` (tickets) | the pusher, under the push lock | the broker |
+//! | `held`, `skipped`, `failed` | the op's lifecycle, in order (`Relaxed`: each hand-off between threads orders them) | the same |
+//! | `deferred` | a stream op's enqueue half, then its completion | the same |
+
+// `unsafe`: handing units on to outputs under the op's write grants; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use super::block::{OpBlock, Runner};
+use crate::core::few::Few;
+use crate::core::tickets::{Demand, Request};
+use crate::loom::sync::Mutex;
+use crate::resource::Resource;
+
+/// Units to give back: (pool, amount) pairs.
+pub(crate) type Returns = Few<(usize, u64)>;
+
+/// Units an op hands on to one of its mutated variables.
+pub(crate) struct Lasting {
+    /// Index into the op's `demands`.
+    pub(crate) demand: usize,
+    pub(crate) amount: u64,
+    /// Index into the op's edges (while building: into its allocations).
+    pub(crate) edge: usize,
+}
+
+/// What an op with resource demands carries.
+pub(crate) struct OpUnits {
+    /// One per resource, tickets filled in at push (under the push lock).
+    demands: Few<Demand>,
+    /// The resource of each demand.
+    resources: Few<Resource>,
+    pub(crate) lasting: Few<Lasting>,
+    /// The units were granted (set before the op is dispatched).
+    held: AtomicBool,
+    /// The op will be skipped (an input is poisoned or deleted): it asked for
+    /// no units, and gave up its tickets.
+    skipped: AtomicBool,
+    /// The op failed: nothing is handed on.
+    failed: AtomicBool,
+    /// On a stream device: the units to give back once the op's device
+    /// work is done (its outputs took theirs when the work was enqueued).
+    deferred: Mutex<Returns>,
+}
+
+impl Default for OpUnits {
+    fn default() -> Self {
+        Self {
+            demands: Few::default(),
+            resources: Few::default(),
+            lasting: Few::default(),
+            held: AtomicBool::new(false),
+            skipped: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            deferred: Mutex::new(Few::default()),
+        }
+    }
+}
+
+impl OpUnits {
+    /// Adds `amount` units of `resource`; lasting ones are handed on to the
+    /// op's allocation number `allocation` (the builder turns it into an
+    /// edge index).
+    pub(crate) fn add(&mut self, resource: &Resource, amount: u64, allocation: Option<usize>) {
+        let i = match self.resources.iter().position(|r| r == resource) {
+            Some(i) => i,
+            None => {
+                self.resources.push(resource.clone());
+                self.demands.push(Demand::new(resource.pool(), 0, false, 0));
+                self.resources.len() - 1
+            }
+        };
+        let demand = &mut self.demands.as_mut_slice()[i];
+        demand.amount += amount;
+        if let Some(edge) = allocation {
+            demand.lasting = true;
+            self.lasting.push(Lasting {
+                demand: i,
+                amount,
+                edge,
+            });
+        }
+    }
+
+    /// Merges allocations of one resource to one variable (once `edge`
+    /// holds edge indices).
+    pub(crate) fn merge_lasting(&mut self) {
+        if self.lasting.len() < 2 {
+            return;
+        }
+        let mut merged: Few<Lasting> = Few::default();
+        std::mem::take(&mut self.lasting).for_each(|l| {
+            match merged
+                .iter_mut()
+                .find(|m| m.demand == l.demand && m.edge == l.edge)
+            {
+                Some(m) => m.amount += l.amount,
+                None => merged.push(l),
+            }
+        });
+        self.lasting = merged;
+    }
+
+    /// The first demand above its resource's capacity.
+    pub(crate) fn over_capacity(&self) -> Option<(&Resource, u64)> {
+        self.demands
+            .iter()
+            .zip(&self.resources)
+            .find(|(d, r)| d.amount > r.capacity())
+            .map(|(d, r)| (r, d.amount))
+    }
+
+    /// Every demand, with its resource.
+    pub(crate) fn demands(&self) -> impl Iterator<Item = (&Resource, &Demand)> {
+        self.resources.iter().zip(&self.demands)
+    }
+
+    /// The demands, as the broker sees them.
+    #[inline]
+    pub(crate) fn as_request(&self) -> &[Demand] {
+        &self.demands
+    }
+
+    /// Draws the op's place in push order on each resource.
+    ///
+    /// Called under the engine's push lock, in the same critical section that
+    /// links the op into its variables' chains: ticket order then agrees with
+    /// the order of every chain, so an older ticket never waits on a younger
+    /// one through a variable.
+    pub(super) fn draw_tickets(&self) {
+        for (d, r) in self.demands.iter().zip(&self.resources) {
+            d.ticket.store(r.draw_ticket(), Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(super) fn mark_held(&self) {
+        self.held.store(true, Relaxed);
+    }
+
+    #[inline]
+    pub(super) fn is_held(&self) -> bool {
+        self.held.load(Relaxed)
+    }
+
+    pub(super) fn mark_skipped(&self) {
+        self.skipped.store(true, Relaxed);
+    }
+
+    /// Whether the op was found blocked when it became ready.
+    #[inline]
+    pub(super) fn is_skipped(&self) -> bool {
+        self.skipped.load(Relaxed)
+    }
+
+    pub(super) fn mark_failed(&self) {
+        self.failed.store(true, Relaxed);
+    }
+
+    /// Keeps `returns` aside until the op's device work is done.
+    pub(super) fn defer(&self, returns: Returns) {
+        *self.deferred.lock() = returns;
+    }
+
+    /// The units kept aside by `defer`.
+    pub(super) fn take_deferred(&self) -> Returns {
+        std::mem::take(&mut *self.deferred.lock())
+    }
+
+    /// Hands the lasting units on to the outputs of `op` (only if it
+    /// succeeded) and returns what is to be given back: the rest of its
+    /// units, and those the outputs held before.
+    ///
+    /// # Safety
+    ///
+    /// `op` owns these units and still holds its write grants.
+    pub(super) unsafe fn hand_on(&self, op: &OpBlock) -> Returns {
+        let mut returns: Returns = self.demands.iter().map(|d| (d.pool, d.amount)).collect();
+        if self.failed.load(Relaxed) {
+            return returns;
+        }
+        for l in &self.lasting {
+            let resource = &self.resources[l.demand];
+            let var = &op.edges()[l.edge].var;
+            returns.as_mut_slice()[l.demand].1 -= l.amount;
+            // SAFETY: the op holds the write grant on `var` (allocations go
+            // to mutated variables only; checked at push).
+            if let Some(old) = unsafe { var.hold_units(resource, l.amount) } {
+                returns.push((resource.pool(), old));
+            }
+        }
+        returns
+    }
+}
+
+impl Request for Runner {
+    fn demands(&self) -> &[Demand] {
+        self.metadata().units().map_or(&[], OpUnits::as_request)
+    }
+}

@@ -1,0 +1,272 @@
+//! Stream devices, op-agnostic: backends (simulated, CUDA) with their
+//! streams and events, the [`Stream`] an op's body enqueues on, and the
+//! poller that completes fences when their events are reached.
+//!
+//! How an op runs on a stream device (enqueue, record its fence, hand its
+//! variables on, complete with the event) is the dependency layer's
+//! (`dep::stream_op`); the user-facing story is in the `stream` module's docs
+//! (lib.rs). This layer knows no op: the poller completes `core::fence`
+//! fences with the failures the dependency layer hands it. The coming MPI communicator is one more
+//! backend here.
+//!
+//! May import: `crate::loom`, `crate::core`, `crate::error`.
+
+mod backend;
+#[cfg(feature = "cuda")]
+mod cuda;
+pub(crate) mod poller;
+pub(crate) mod sim;
+
+use std::fmt;
+use std::sync::Arc;
+
+use self::backend::Kind;
+pub(crate) use self::backend::{Backend, Event};
+use self::poller::Poller;
+use crate::error::{Error, OpFailure};
+
+/// One op's work on a stream (see `core::fence`).
+pub(crate) type Fence = crate::core::fence::Fence<Event, Arc<OpFailure>>;
+/// The device work a variable waits for.
+pub(crate) type VarFences = crate::core::fence::VarFences<Event, Arc<OpFailure>>;
+
+/// Lanes a stream device may have in all (compute plus the two copy lanes).
+pub(crate) const MAX_LANES: usize = 31;
+
+/// Which stream of a stream device an op's work goes to
+/// ([`OpBuilder::lane`](crate::OpBuilder::lane)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Compute stream `i` (`Compute(0)` by default).
+    Compute(u8),
+    /// The host-to-device copy stream.
+    HostToDevice,
+    /// The device-to-host copy stream.
+    DeviceToHost,
+}
+
+impl Default for Lane {
+    /// `Compute(0)`.
+    fn default() -> Self {
+        Lane::Compute(0)
+    }
+}
+
+impl Lane {
+    /// The lane's index on a device with `compute` compute streams.
+    pub(crate) fn index(self, compute: usize) -> Option<u8> {
+        let i = match self {
+            Lane::Compute(i) if usize::from(i) < compute => usize::from(i),
+            Lane::Compute(_) => return None,
+            Lane::HostToDevice => compute,
+            Lane::DeviceToHost => compute + 1,
+        };
+        Some(i as u8)
+    }
+
+    fn from_index(i: u8, compute: usize) -> Lane {
+        match usize::from(i) {
+            i if i < compute => Lane::Compute(i as u8),
+            i if i == compute => Lane::HostToDevice,
+            _ => Lane::DeviceToHost,
+        }
+    }
+}
+
+/// How many CUDA devices this machine has: 0 without the `cuda` feature,
+/// without a driver, or if the driver reports an error. Never panics.
+///
+/// ```
+/// if depflow::stream::cuda_device_count() == 0 {
+///     println!("no GPU: running on CPU devices");
+/// }
+/// ```
+pub fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    return cuda::device_count();
+    #[cfg(not(feature = "cuda"))]
+    0
+}
+
+/// The stream an op on a stream device enqueues its work on
+/// ([`OpCtx::stream`](crate::OpCtx::stream)); valid during the op's body.
+///
+/// ```
+/// use depflow::{Engine, Error, Executor};
+/// use std::sync::{Arc, Mutex};
+///
+/// // A simulated GPU (a host thread per stream): runs anywhere.
+/// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(2)).build()?;
+/// let gpu = engine.device("gpu").unwrap();
+/// // "Device memory": the value is a handle the stream's work mutates.
+/// let buf = engine.var(Arc::new(Mutex::new(0)));
+/// let b = buf.key();
+/// engine.op().on(gpu).mutates(&[&buf]).run(move |ctx| {
+///     let mem = ctx.write(b)?.clone();
+///     // Returns at once; the work runs on the stream, in order.
+///     ctx.stream()?.enqueue(move || { *mem.lock().unwrap() += 41; Ok(()) })
+/// })?;
+/// // A host op waits for the device work before it runs.
+/// let got = engine.push(&[&buf], &[], move |ctx| Ok::<_, Error>(*ctx.read(b)?.lock().unwrap() + 1))?;
+/// assert_eq!(got.wait()?, 42);
+/// # Ok::<(), Error>(())
+/// ```
+pub struct Stream {
+    backend: Arc<Backend>,
+    lane: u8,
+    fence: Arc<Fence>,
+}
+
+impl Stream {
+    /// Lane `lane` of `backend`, whose host functions report to `fence`.
+    pub(crate) fn new(backend: Arc<Backend>, lane: u8, fence: Arc<Fence>) -> Self {
+        Self {
+            backend,
+            lane,
+            fence,
+        }
+    }
+
+    /// The lane this op's work goes to.
+    pub fn lane(&self) -> Lane {
+        Lane::from_index(self.lane, self.backend.compute)
+    }
+
+    /// Enqueues a host function: `f` runs on a host thread after the work
+    /// enqueued before it on this stream, and the stream's later work waits
+    /// for it. An `Err` fails the op (its handle resolves to
+    /// [`Error::Failed`] with the message once the op's work is done) and
+    /// poisons what it mutates. On a CUDA device it must not call CUDA.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stream`] if the device refused it.
+    pub fn enqueue(
+        &self,
+        f: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> Result<(), Error> {
+        let fence = self.fence.clone();
+        let job = Box::new(move || {
+            // Caught here: a panic must not unwind into the device's thread
+            // (across the FFI boundary, on CUDA).
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                Ok(Ok(())) => {}
+                Ok(Err(message)) => fence.set_fault(message),
+                Err(p) => fence.set_fault(format!(
+                    "host function panicked: {}",
+                    crate::error::panic_message(p.as_ref())
+                )),
+            }
+        });
+        self.backend
+            .enqueue_host(self.lane, job)
+            .map_err(Error::Stream)
+    }
+
+    /// Whether this is a simulated device's stream.
+    pub fn is_simulated(&self) -> bool {
+        self.backend.is_simulated()
+    }
+
+    /// The CUDA stream (None on a simulated device): launch kernels and
+    /// copies on it. The engine orders them with the other ops' work.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+        match &self.backend.kind {
+            Kind::Cuda(gpu) => Some(gpu.stream(self.lane)),
+            Kind::Sim(_) => None,
+        }
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("lane", &self.lane())
+            .field("simulated", &self.is_simulated())
+            .finish()
+    }
+}
+
+/// How a stream device is built ([`Executor`](crate::Executor)).
+#[derive(Clone, Debug)]
+pub(crate) enum Spec {
+    Sim {
+        compute: usize,
+    },
+    #[cfg(feature = "cuda")]
+    Cuda {
+        ordinal: usize,
+        compute: usize,
+    },
+}
+
+impl Spec {
+    pub(crate) fn compute(&self) -> usize {
+        match self {
+            Spec::Sim { compute } => *compute,
+            #[cfg(feature = "cuda")]
+            Spec::Cuda { compute, .. } => *compute,
+        }
+    }
+}
+
+/// A stream device, as the engine keeps it: the backend, the poller that
+/// completes its fences, and its index among the engine's devices (which
+/// fences record). Ops reach it on the device's launcher thread (an
+/// executor the engine gives it).
+pub(crate) struct StreamDevice {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) poller: Poller,
+    pub(crate) index: u16,
+}
+
+impl StreamDevice {
+    pub(crate) fn new(name: &str, index: u16, spec: &Spec) -> Result<Self, String> {
+        let compute = spec.compute();
+        if compute == 0 || compute + 2 > MAX_LANES {
+            return Err(format!(
+                "a stream device needs 1 to {} compute streams, not {compute}",
+                MAX_LANES - 2
+            ));
+        }
+        let lanes = compute + 2;
+        let wake = poller::Wake::new();
+        let kind = match spec {
+            Spec::Sim { .. } => {
+                Kind::Sim(sim::SimGpu::new(name, lanes, wake.nudger()).map_err(|e| e.to_string())?)
+            }
+            #[cfg(feature = "cuda")]
+            Spec::Cuda { ordinal, .. } => Kind::Cuda(cuda::CudaGpu::new(*ordinal, lanes)?),
+        };
+        let backend = Arc::new(Backend { compute, kind });
+        let poller =
+            Poller::start(name, lanes, backend.clone(), wake).map_err(|e| e.to_string())?;
+        Ok(Self {
+            backend,
+            poller,
+            index,
+        })
+    }
+
+    /// The index of `lane` on this device, if it has it.
+    pub(crate) fn lane(&self, lane: Lane) -> Option<u8> {
+        lane.index(self.backend.compute)
+    }
+
+    /// Stops the poller (nothing is in flight: the engine drained), then
+    /// the backend's own threads.
+    pub(crate) fn shutdown(&self) {
+        self.poller.shutdown();
+        self.backend.shutdown();
+    }
+}
+
+impl fmt::Debug for StreamDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamDevice")
+            .field("compute_lanes", &self.backend.compute)
+            .field("simulated", &self.backend.is_simulated())
+            .finish()
+    }
+}

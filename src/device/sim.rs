@@ -1,0 +1,169 @@
+//! A simulated GPU: one host thread per stream runs what is enqueued on it,
+//! in order; an event completes when its stream reaches it; a stream told to
+//! wait for an event blocks (that stream's thread only) until it completes.
+//!
+//! It drives the very launcher, fence and poller code a CUDA device does, so
+//! the stream machinery is tested where there is no GPU (`tests/streams.rs`,
+//! the differential test, and the loom models of [`SimEvent`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::loom::sync::atomic::{AtomicU8, Ordering::*};
+use crate::loom::sync::{Condvar, Mutex};
+
+/// An event of the simulated device.
+#[derive(Default)]
+pub struct SimEvent {
+    done: AtomicU8,
+    lock: Mutex<()>,
+    reached: Condvar,
+}
+
+impl SimEvent {
+    /// Whether the stream reached the event.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Acquire) != 0
+    }
+
+    /// The stream reached the event.
+    pub fn signal(&self) {
+        let _g = self.lock.lock();
+        self.done.store(1, Release);
+        self.reached.notify_all();
+    }
+
+    /// Blocks the calling stream thread until the event is reached.
+    pub fn wait(&self) {
+        let mut g = self.lock.lock();
+        while !self.is_done() {
+            g = self.reached.wait(g);
+        }
+    }
+}
+
+impl std::fmt::Debug for SimEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimEvent")
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+enum Item {
+    Run(Box<dyn FnOnce() + Send>),
+    Wait(Arc<SimEvent>),
+    Signal(Arc<SimEvent>),
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: crate::loom::sync::Mutex<Queue>,
+    ready: crate::loom::sync::Condvar,
+}
+
+/// The simulated device: its streams' threads.
+pub(crate) struct SimGpu {
+    lanes: Box<[Arc<Lane>]>,
+    threads: crate::loom::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl SimGpu {
+    /// Starts `lanes` stream threads; `reached` is called after each event
+    /// completes (to wake the poller).
+    pub(crate) fn new(
+        name: &str,
+        lanes: usize,
+        reached: Arc<dyn Fn() + Send + Sync>,
+    ) -> std::io::Result<Self> {
+        let lanes: Box<[Arc<Lane>]> = (0..lanes).map(|_| Arc::default()).collect();
+        let mut threads = Vec::with_capacity(lanes.len());
+        for (i, lane) in lanes.iter().enumerate() {
+            let (lane, reached) = (lane.clone(), reached.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("{name}-stream{i}"))
+                .spawn(move || run_lane(&lane, &*reached));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    let gpu = Self {
+                        lanes,
+                        threads: crate::loom::sync::Mutex::new(threads),
+                    };
+                    gpu.shutdown();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self {
+            lanes,
+            threads: crate::loom::sync::Mutex::new(threads),
+        })
+    }
+
+    fn push(&self, lane: u8, item: Item) {
+        let lane = &self.lanes[usize::from(lane)];
+        lane.queue.lock().items.push_back(item);
+        lane.ready.notify_one();
+    }
+
+    pub(crate) fn run(&self, lane: u8, f: Box<dyn FnOnce() + Send>) {
+        self.push(lane, Item::Run(f));
+    }
+
+    pub(crate) fn wait(&self, lane: u8, event: Arc<SimEvent>) {
+        self.push(lane, Item::Wait(event));
+    }
+
+    pub(crate) fn signal(&self, lane: u8, event: Arc<SimEvent>) {
+        self.push(lane, Item::Signal(event));
+    }
+
+    /// Lets the streams finish what they hold, then joins their threads.
+    pub(crate) fn shutdown(&self) {
+        for lane in self.lanes.iter() {
+            lane.queue.lock().stop = true;
+            lane.ready.notify_one();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock());
+        let me = std::thread::current().id();
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
+    loop {
+        let item = {
+            let mut q = lane.queue.lock();
+            loop {
+                if let Some(item) = q.items.pop_front() {
+                    break item;
+                }
+                if q.stop {
+                    return;
+                }
+                q = lane.ready.wait(q);
+            }
+        };
+        match item {
+            // Panics are caught inside `f` (see `Stream::enqueue`).
+            Item::Run(f) => f(),
+            Item::Wait(event) => event.wait(),
+            Item::Signal(event) => {
+                event.signal();
+                reached();
+            }
+        }
+    }
+}

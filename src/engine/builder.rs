@@ -1,0 +1,159 @@
+//! Configuring an engine: [`EngineBuilder`] checks the devices asked for,
+//! builds their executors and starts the engine.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Engine;
+use super::executor::{Executor, ExecutorKind};
+use super::shared::{DeviceSlot, Shared};
+use crate::error::Error;
+
+/// Engine ids, unique in the process: variables, resources and devices
+/// carry the id of their engine, so that another engine's are refused.
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The name of the default device.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// assert_eq!(engine.device_name(engine.default_device()), Some(depflow::DEFAULT_DEVICE));
+/// ```
+pub const DEFAULT_DEVICE: &str = "cpu";
+
+/// Configures an [`Engine`]: its default device's executor and any further
+/// named devices.
+///
+/// ```
+/// use depflow::{Engine, Error, Executor};
+///
+/// let engine = Engine::builder()
+///     .threads(2) // the default device: a pool of two threads
+///     .device("gpu0", Executor::pool(1))
+///     .build()?;
+/// let gpu0 = engine.device("gpu0").unwrap();
+/// let v = engine.new_var();
+/// let ran_on = engine
+///     .op()
+///     .on(gpu0)
+///     .mutates(&[&v])
+///     .run(|_| Ok::<_, Error>(std::thread::current().name().map(String::from)))?
+///     .wait()?;
+/// assert_eq!(ran_on.as_deref(), Some("depflow-gpu0-0"));
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Debug)]
+pub struct EngineBuilder {
+    default: Executor,
+    devices: Vec<(String, Executor)>,
+    max_in_flight: usize,
+    track_ops: bool,
+}
+
+impl EngineBuilder {
+    /// The executor of the default device, named [`DEFAULT_DEVICE`]
+    /// (default: a pool with one thread per available core).
+    pub fn executor(mut self, executor: Executor) -> Self {
+        self.default = executor;
+        self
+    }
+
+    /// Shorthand for `.executor(Executor::pool(threads))`.
+    pub fn threads(self, threads: usize) -> Self {
+        self.executor(Executor::pool(threads))
+    }
+
+    /// Adds a named device with its own executor (its own threads, for a
+    /// pool). Push an op to it with [`OpBuilder::on`](crate::OpBuilder::on).
+    pub fn device(mut self, name: impl Into<String>, executor: Executor) -> Self {
+        self.devices.push((name.into(), executor));
+        self
+    }
+
+    /// Bounds the ops in flight (pushed, not finished) for producers that
+    /// wait for room with [`OpBuilder::when_room`](crate::OpBuilder::when_room) (default: no bound). Plain
+    /// pushes never wait, but count.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::builder().threads(1).max_in_flight(2).build()?;
+    /// let v = engine.new_var();
+    /// for _ in 0..100 {
+    ///     // Blocks while 2 ops are in flight: memory stays flat however far
+    ///     // this loop would otherwise run ahead.
+    ///     engine.op().mutates(&[&v]).when_room().wait()?.run(|_| Ok::<_, Error>(()))?;
+    ///     assert!(engine.in_flight() <= 2);
+    /// }
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn max_in_flight(mut self, ops: usize) -> Self {
+        self.max_in_flight = ops;
+        self
+    }
+
+    /// Keeps a registry of unfinished ops, so that
+    /// [`Engine::diagnostics`] can list the ops waiting for their variables
+    /// too (default: off; it costs a lock per push and per completion).
+    pub fn track_ops(mut self, on: bool) -> Self {
+        self.track_ops = on;
+        self
+    }
+
+    /// Starts the engine.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a pool of zero threads, a repeated device name,
+    /// more than 65536 devices, or threads that could not be spawned.
+    pub fn build(self) -> Result<Engine, Error> {
+        let mut specs = vec![(DEFAULT_DEVICE.to_string(), self.default)];
+        specs.extend(self.devices);
+        if specs.len() > usize::from(u16::MAX) + 1 {
+            return Err(Error::Config("too many devices".into()));
+        }
+        let mut devices = Vec::with_capacity(specs.len());
+        for (name, executor) in &specs {
+            if devices.iter().any(|d: &DeviceSlot| &d.name == name) {
+                return Err(Error::Config(format!("device `{name}` is defined twice")));
+            }
+            if devices.is_empty() && matches!(executor.0, ExecutorKind::Streams(_)) {
+                return Err(Error::Config(format!(
+                    "the default device `{name}` must run on the host (a stream device's ops enqueue work): add the stream device with `device`"
+                )));
+            }
+            if let ExecutorKind::Pool(0) = executor.0 {
+                return Err(Error::Config(format!(
+                    "device `{name}`: a pool needs at least one thread"
+                )));
+            }
+            let exec = executor
+                .build(name, devices.len() as u16)
+                .map_err(|e| Error::Config(format!("device `{name}`: {e}")))?;
+            devices.push(DeviceSlot {
+                name: name.clone(),
+                exec,
+            });
+        }
+        let shared = Shared::new(
+            NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+            devices.into_boxed_slice(),
+            self.max_in_flight,
+            self.track_ops,
+        );
+        Ok(Engine::start(shared))
+    }
+}
+
+impl Default for EngineBuilder {
+    /// The default device is a pool with one thread per available core; no
+    /// other device, no bound on ops in flight, no op tracking.
+    fn default() -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        Self {
+            default: Executor::pool(threads),
+            devices: Vec::new(),
+            max_in_flight: 0,
+            track_ops: false,
+        }
+    }
+}

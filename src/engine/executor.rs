@@ -1,0 +1,249 @@
+//! How each device of an engine runs its ops: the public [`Executor`]
+//! choices and [`Job`] (a ready op, as a custom executor sees it), and the
+//! built executor of a device ([`Exec`]). The queues themselves are
+//! `crate::exec`'s, over the engine's runnable ops.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::dep::{OpBlock, Runner, reclaim};
+use crate::device::{Spec, StreamDevice};
+use crate::exec::{Custom, Inline, Pool, Queue, Work};
+
+impl Work for Runner {
+    #[inline]
+    fn run(self) -> bool {
+        async_task::Runnable::<OpBlock>::run(self)
+    }
+
+    #[inline]
+    fn priority(&self) -> i32 {
+        self.metadata().priority()
+    }
+
+    fn before_park() {
+        // Free what ops run on this worker pushed and have finished.
+        reclaim::collect();
+    }
+}
+
+/// A device's executor, built: the pool is dispatched statically (it is the
+/// hot path), the others through [`Queue`].
+#[derive(Debug)]
+pub(crate) enum Exec {
+    Pool(Pool<Runner>),
+    Stream(Box<StreamExec>),
+    Other(Box<dyn Queue<Runner>>),
+}
+
+/// A stream device and its launcher thread (a one-thread pool: bodies only
+/// enqueue, so one is enough, and it keeps each lane's enqueues in op
+/// order).
+#[derive(Debug)]
+pub(crate) struct StreamExec {
+    launcher: Pool<Runner>,
+    device: StreamDevice,
+}
+
+impl Exec {
+    #[inline]
+    pub(crate) fn schedule(&self, op: Runner, yielded: bool) {
+        match self {
+            Exec::Pool(pool) => pool.schedule(op, yielded),
+            Exec::Stream(s) => s.launcher.schedule(op, yielded),
+            Exec::Other(queue) => queue.schedule(op, yielded),
+        }
+    }
+
+    /// Stops the executor: for a stream device the launcher, then the
+    /// device (nothing is in flight: the engine drained).
+    pub(crate) fn shutdown(&self) {
+        match self {
+            Exec::Pool(pool) => pool.shutdown(),
+            Exec::Stream(s) => {
+                s.launcher.shutdown();
+                s.device.shutdown();
+            }
+            Exec::Other(queue) => queue.shutdown(),
+        }
+    }
+
+    /// The stream device, if this is one.
+    #[inline]
+    pub(crate) fn stream_device(&self) -> Option<&StreamDevice> {
+        match self {
+            Exec::Stream(s) => Some(&s.device),
+            _ => None,
+        }
+    }
+}
+
+/// How a device runs its ops; passed to [`EngineBuilder`](crate::EngineBuilder).
+///
+/// ```
+/// use depflow::{Engine, Executor};
+///
+/// let engine = Engine::builder()
+///     .executor(Executor::pool(2))               // the default device, "cpu"
+///     .device("cpu1", Executor::pool(1))         // a second CPU device
+///     .device("debug", Executor::inline())       // runs ops in `push`
+///     .build()?;
+/// assert!(engine.device("cpu1").is_some());
+/// # Ok::<(), depflow::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Executor(pub(crate) ExecutorKind);
+
+#[derive(Clone)]
+pub(crate) enum ExecutorKind {
+    Pool(usize),
+    Inline,
+    Custom(Arc<dyn Fn(Job) + Send + Sync>),
+    Streams(Spec),
+}
+impl Executor {
+    /// A work-stealing pool of `threads` CPU worker threads. Ready ops with a
+    /// higher [priority](crate::OpBuilder::priority) run before lower ones.
+    pub fn pool(threads: usize) -> Self {
+        Executor(ExecutorKind::Pool(threads))
+    }
+
+    /// Runs each op on the thread that makes it ready: inside `push` when its
+    /// dependencies are met at once, else on the thread that completes its
+    /// last dependency. For debugging: no worker threads, same results.
+    pub fn inline() -> Self {
+        Executor(ExecutorKind::Inline)
+    }
+
+    /// Hands every ready op to `schedule`, which must arrange for
+    /// [`Job::run`] to be called soon, on any thread, without blocking the
+    /// caller (push it to a queue, or spawn it on a runtime).
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let rt = tokio::runtime::Runtime::new().unwrap();
+    /// let handle = rt.handle().clone();
+    /// let engine = Engine::builder()
+    ///     .executor(Executor::custom(move |job| {
+    ///         handle.spawn(async move { job.run(); });
+    ///     }))
+    ///     .build()?;
+    /// let v = engine.var(1);
+    /// let op = engine.push(&[], &[&v], {
+    ///     let v = v.clone();
+    ///     move |ctx| -> Result<i32, depflow::Error> { Ok(*ctx.write(&v)? * 7) }
+    /// })?;
+    /// assert_eq!(op.wait()?, 7);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn custom(schedule: impl Fn(Job) + Send + Sync + 'static) -> Self {
+        Executor(ExecutorKind::Custom(Arc::new(schedule)))
+    }
+
+    /// A simulated GPU with `compute_streams` compute streams and two copy
+    /// streams, each a host thread that runs what is enqueued on it in
+    /// order; events complete when their stream reaches them. It runs the
+    /// same launcher, event and completion code as [`Executor::cuda`], so
+    /// GPU programs can be tested (and their dependencies checked) on any
+    /// machine. See [`Stream`](crate::stream::Stream) for an example.
+    pub fn simulated_gpu(compute_streams: usize) -> Self {
+        Executor(ExecutorKind::Streams(Spec::Sim {
+            compute: compute_streams,
+        }))
+    }
+
+    /// CUDA device `ordinal`, with `compute_streams` compute streams and two
+    /// copy streams (see [`stream`](crate::stream)). Building the engine
+    /// fails with [`Error::Config`](crate::Error::Config) where there is no
+    /// such device; check [`cuda_device_count`](crate::stream::cuda_device_count)
+    /// first to fall back to CPU devices.
+    ///
+    /// One launcher thread runs every op body of the device, so a body must
+    /// only enqueue: a blocking call in it (a synchronize, a copy from
+    /// pageable host memory) stalls every lane's enqueues. cudarc's own event
+    /// tracking is per `CudaContext` object: turn it off on the context you
+    /// allocate with if only engine ops touch the memory.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(ordinal: usize, compute_streams: usize) -> Self {
+        Executor(ExecutorKind::Streams(Spec::Cuda {
+            ordinal,
+            compute: compute_streams,
+        }))
+    }
+
+    /// Builds the executor of device `index`, named `name`.
+    pub(crate) fn build(&self, name: &str, index: u16) -> Result<Exec, String> {
+        let io = |e: std::io::Error| format!("cannot spawn its threads: {e}");
+        Ok(match &self.0 {
+            ExecutorKind::Pool(threads) => Exec::Pool(Pool::new(name, *threads).map_err(io)?),
+            ExecutorKind::Inline => Exec::Other(Box::new(Inline)),
+            ExecutorKind::Custom(f) => {
+                let f = f.clone();
+                Exec::Other(Box::new(Custom::new(Arc::new(move |op| f(Job(op))))))
+            }
+            ExecutorKind::Streams(spec) => Exec::Stream(Box::new(StreamExec {
+                device: StreamDevice::new(name, index, spec)?,
+                launcher: Pool::new(&format!("{name}-launch"), 1).map_err(io)?,
+            })),
+        })
+    }
+}
+
+impl fmt::Debug for Executor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            ExecutorKind::Pool(n) => write!(f, "Executor::pool({n})"),
+            ExecutorKind::Inline => f.write_str("Executor::inline()"),
+            ExecutorKind::Custom(_) => f.write_str("Executor::custom(..)"),
+            ExecutorKind::Streams(spec) => write!(f, "Executor::{spec:?}"),
+        }
+    }
+}
+/// A ready op, handed to a [custom executor](Executor::custom).
+///
+/// ```
+/// use depflow::{Engine, Error, Executor, Job};
+/// use std::sync::mpsc;
+///
+/// // Ops go to a channel; a thread of ours runs them.
+/// let (tx, rx) = mpsc::channel::<Job>();
+/// std::thread::spawn(move || {
+///     for job in rx {
+///         println!("running {:?} (priority {})", job.name(), job.priority());
+///         job.run();
+///     }
+/// });
+/// let tx = std::sync::Mutex::new(tx);
+/// let engine = Engine::builder()
+///     .executor(Executor::custom(move |job| tx.lock().unwrap().send(job).unwrap()))
+///     .build()?;
+/// let v = engine.new_var();
+/// engine.op().name("step").mutates(&[&v]).run(|_| Ok::<_, Error>(()))?.wait()?;
+/// # Ok::<(), Error>(())
+/// ```
+pub struct Job(Runner);
+
+impl Job {
+    /// Runs the op (one poll of its future). Returns `true` if the op woke
+    /// itself while running and has already been scheduled again.
+    pub fn run(self) -> bool {
+        self.0.run()
+    }
+
+    /// The op's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.0.metadata().name()
+    }
+
+    /// The op's priority (0 unless set).
+    pub fn priority(&self) -> i32 {
+        self.0.metadata().priority()
+    }
+}
+
+impl fmt::Debug for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Job").field(self.0.metadata()).finish()
+    }
+}

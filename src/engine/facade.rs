@@ -1,0 +1,532 @@
+//! The engine's facade: [`Engine`], what users call to make variables and
+//! resources, push ops, wait and shut down.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+
+use super::builder::EngineBuilder;
+use super::handle::{OpHandle, Wait};
+use super::op_builder::OpBuilder;
+use super::shared::Shared;
+use super::shutdown::ShutdownOnDrop;
+use crate::dep::{
+    AnyVar, Body, Device, Edges, Mode, OpCtx, OpSpec, SyncBody, Var, edges, in_op, spawn,
+    with_current_op,
+};
+use crate::error::{BoxError, Error};
+use crate::resource::Resource;
+use crate::trace::Diagnostics;
+
+/// A dependency engine: push ops with the variables they read and mutate, and
+/// it runs them in parallel, as their dependencies allow.
+///
+/// Per variable, ops take effect in push order; reads of one variable run
+/// concurrently, a mutation runs alone; an op starts once all its variables
+/// allow it. Cheap to clone (`Send + Sync`); the last clone dropped finishes
+/// what was pushed and joins the engine's threads. Engines are independent of
+/// each other: there is no global instance.
+///
+/// Dropping the last clone blocks until the pushed ops have run, except
+/// inside an op, where a helper thread waits instead. With a
+/// [custom executor](crate::Executor::custom), do not drop it on one of that
+/// executor's own threads (or `.await` [`shutdown`](Engine::shutdown) first):
+/// blocking there could stall the very executor that must run the remaining
+/// ops.
+///
+/// ```
+/// use depflow::Engine;
+///
+/// let engine = Engine::new();
+/// let a = engine.var(2);
+/// let b = engine.var(0);
+/// let c = engine.var(0);
+/// // B = A + 1 and C = A + 2 may run in parallel; D = B * C waits for both.
+/// engine.push(&[&a], &[&b], {
+///     let (a, b) = (a.clone(), b.clone());
+///     move |ctx| -> Result<(), depflow::Error> { *ctx.write(&b)? = *ctx.read(&a)? + 1; Ok(()) }
+/// })?;
+/// engine.push(&[&a], &[&c], {
+///     let (a, c) = (a.clone(), c.clone());
+///     move |ctx| -> Result<(), depflow::Error> { *ctx.write(&c)? = *ctx.read(&a)? + 2; Ok(()) }
+/// })?;
+/// let d = engine.push(&[&b, &c], &[], {
+///     let (b, c) = (b.clone(), c.clone());
+///     move |ctx| -> Result<i32, depflow::Error> { Ok(*ctx.read(&b)? * *ctx.read(&c)?) }
+/// })?;
+/// assert_eq!(d.wait()?, 12);
+/// # Ok::<(), depflow::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    handle: Arc<ShutdownOnDrop>,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shared = self.shared();
+        let devices: Vec<_> = shared.devices.iter().map(|d| (&d.name, &d.exec)).collect();
+        f.debug_struct("Engine")
+            .field("id", &shared.id)
+            .field("devices", &devices)
+            .field("in_flight", &shared.pending.in_flight())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// An engine whose default device is a work-stealing pool with one thread
+    /// per available core.
+    ///
+    /// # Panics
+    ///
+    /// If the pool's threads cannot be spawned; use [`Engine::builder`] to
+    /// handle that as an error.
+    pub fn new() -> Self {
+        Self::builder()
+            .build()
+            .expect("depflow: cannot start the engine")
+    }
+
+    /// Configures an engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// The engine of `shared`, which shuts down when its last handle drops.
+    pub(super) fn start(shared: Shared) -> Self {
+        Self {
+            handle: Arc::new(ShutdownOnDrop::new(Arc::new(shared))),
+        }
+    }
+
+    #[inline]
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        self.handle.shared()
+    }
+
+    /// A new plain variable: a tag for a resource the engine does not own.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let rng = engine.new_var(); // stands for an RNG kept elsewhere
+    /// assert_eq!(rng.version(), 0);
+    /// ```
+    pub fn new_var(&self) -> Var {
+        self.var(())
+    }
+
+    /// A new variable owning `value`, which ops reach through their
+    /// [`OpCtx`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let weights = engine.var(vec![0.0f32; 1024]);
+    /// let w = weights.key();
+    /// engine.push(&[], &[&weights], move |ctx| -> Result<(), depflow::Error> {
+    ///     ctx.write(w)?.fill(0.5);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
+        Var::new(self.shared().id, value)
+    }
+
+    /// A new counted resource of `capacity` units (bytes of a device's
+    /// memory, buffer slots, stream slots): ops declare the units they need
+    /// with [`OpBuilder::uses`] and [`OpBuilder::allocates`], and start only
+    /// once those are free. See [`Resource`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let slots = engine.new_resource("staging buffers", 2);
+    /// assert_eq!((slots.name(), slots.capacity(), slots.in_use()), ("staging buffers", 2, 0));
+    /// ```
+    pub fn new_resource(&self, name: impl Into<Cow<'static, str>>, capacity: u64) -> Resource {
+        let name = name.into();
+        let shared = self.shared();
+        let pool = shared.broker.add_pool(name.as_ref(), capacity);
+        Resource::new(shared.id, pool, name, capacity, shared.clone())
+    }
+
+    /// Ops pushed and not finished yet, if the engine bounds them
+    /// ([`EngineBuilder::max_in_flight`]); otherwise 0 (they are not counted).
+    pub fn in_flight(&self) -> usize {
+        self.shared().room.in_flight()
+    }
+
+    /// What the engine is waiting for: its resources, the ops parked for
+    /// units, and (with [`EngineBuilder::track_ops`]) every unfinished op
+    /// with the variables and earlier ops it waits for. For a stuck engine;
+    /// see [`Diagnostics`] for an example.
+    pub fn diagnostics(&self) -> Diagnostics {
+        super::diagnostics::report(self.shared())
+    }
+
+    /// The default device (named [`DEFAULT_DEVICE`](crate::DEFAULT_DEVICE)).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// assert_eq!(engine.default_device().index(), 0);
+    /// ```
+    pub fn default_device(&self) -> Device {
+        Device::new(self.shared().id, 0)
+    }
+
+    /// The device named `name`, if the engine has one.
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let engine = Engine::builder().device("io", Executor::pool(1)).build()?;
+    /// assert!(engine.device("io").is_some());
+    /// assert!(engine.device("gpu7").is_none());
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn device(&self, name: &str) -> Option<Device> {
+        let index = self.shared().devices.iter().position(|d| d.name == name)?;
+        Some(Device::new(self.shared().id, index as u16))
+    }
+
+    /// The name of `device`, if it belongs to this engine.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// assert_eq!(engine.device_name(engine.default_device()), Some("cpu"));
+    /// ```
+    pub fn device_name(&self, device: Device) -> Option<&str> {
+        if device.engine != self.shared().id {
+            return None;
+        }
+        self.shared()
+            .devices
+            .get(device.index())
+            .map(|d| d.name.as_str())
+    }
+
+    /// Describes an op to push with more options: a name, a priority, a
+    /// device. See [`OpBuilder`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.new_var();
+    /// engine.op().name("init").mutates(&[&v]).run(|_| Ok::<_, depflow::Error>(()))?.wait()?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn op(&self) -> OpBuilder<'_> {
+        OpBuilder::new(self)
+    }
+
+    /// Pushes a synchronous op that reads `reads` and mutates `mutates`.
+    ///
+    /// The closure runs once every earlier op that conflicts with it (per
+    /// variable: earlier mutations for a read; earlier reads and mutations for
+    /// a mutation) has completed, on the default device. It gets an [`OpCtx`]
+    /// to reach the variables' values. A variable in both lists counts as
+    /// mutated; a repeated variable counts once.
+    ///
+    /// Returns a handle that resolves to the closure's result. If the closure
+    /// returns an error or panics, the variables it mutates are poisoned:
+    /// later ops touching them do not run and resolve to
+    /// [`Error::Poisoned`].
+    ///
+    /// # Errors
+    ///
+    /// At once, without running anything: [`Error::NoVars`] for empty lists,
+    /// [`Error::ForeignVar`] for a variable of another engine,
+    /// [`Error::Deleted`] for a deleted variable, [`Error::ShutDown`] after
+    /// shutdown.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let (x, y) = (engine.var(3.0f64), engine.var(0.0f64));
+    /// let (xk, yk) = (x.key(), y.key());
+    /// // y = x * x: reads x, mutates y.
+    /// let done = engine.push(&[&x], &[&y], move |ctx| -> Result<f64, Error> {
+    ///     let v = *ctx.read(xk)? * *ctx.read(xk)?;
+    ///     *ctx.write(yk)? = v;
+    ///     Ok(v)
+    /// })?;
+    /// assert_eq!(done.wait()?, 9.0);
+    /// assert!(matches!(engine.push(&[], &[], |_| Ok::<_, Error>(())), Err(Error::NoVars)));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn push<F, T, E>(
+        &self,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        f: F,
+    ) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.op().reads(reads).mutates(mutates).run(f)
+    }
+
+    /// Pushes an asynchronous op: `f` receives the op's [`OpCtx`] and returns
+    /// a future, which may await (I/O, timers, other ops' handles) while the
+    /// op holds its variables, without occupying a worker thread while it is
+    /// pending.
+    ///
+    /// # Errors
+    ///
+    /// As for [`push`](Self::push).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let buf = engine.var(Vec::new());
+    /// let fill = engine.push_async(&[], &[&buf], {
+    ///     let buf = buf.clone();
+    ///     move |ctx| async move {
+    ///         let data = async { vec![1u8, 2, 3] }.await; // e.g. a file read
+    ///         ctx.write(&buf)?.extend(data);
+    ///         Ok::<_, depflow::Error>(())
+    ///     }
+    /// })?;
+    /// fill.wait()?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn push_async<F, Fut, T, E>(
+        &self,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        f: F,
+    ) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(OpCtx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.op().reads(reads).mutates(mutates).run_async(f)
+    }
+
+    /// Deletes `var` once every op already pushed on it has completed: then
+    /// `f` receives the variable's value (`()` for a plain variable), to
+    /// recycle it. Pushing on the variable afterwards is an error.
+    ///
+    /// The deletion runs even if the variable is poisoned. Resource units the
+    /// variable holds ([`OpBuilder::allocates`]) go back once `f` returns.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Deleted`] if a delete was already pushed; otherwise as for
+    /// [`push`](Self::push).
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let buffer = engine.var(vec![0u8; 4096]);
+    /// let b = buffer.key();
+    /// engine.push(&[&buffer], &[], move |ctx| Ok::<_, Error>(ctx.read(b)?.len()))?;
+    /// // Runs after the read above; the buffer goes back to a pool, say.
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// engine.delete_var(&buffer, move |bytes| tx.send(bytes).unwrap())?.wait()?;
+    /// assert_eq!(rx.recv().unwrap().len(), 4096);
+    /// assert!(matches!(engine.push(&[&buffer], &[], |_| Ok::<_, Error>(())), Err(Error::Deleted(_))));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn delete_var<T>(
+        &self,
+        var: &Var<T>,
+        f: impl FnOnce(T) + Send + 'static,
+    ) -> Result<OpHandle<()>, Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let edges = edges(&[], &[var], self.shared().id)?;
+        if !var.core().mark_deleted() {
+            return Err(Error::Deleted(var.id()));
+        }
+        let key = var.key();
+        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
+            // The units go back after `f` recycled the value (or unwound).
+            let (value, _units) = ctx.delete(key)?;
+            if let Some(value) = value {
+                f(value);
+            }
+            Ok(())
+        }));
+        self.push_own(edges, body, "delete_var", Mode::Maintenance)
+    }
+
+    /// Clears the poison of `var`, in push order: ops pushed after this one
+    /// run normally again (their values are whatever the variable holds).
+    ///
+    /// # Errors
+    ///
+    /// As for [`push`](Self::push).
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let v = engine.var(0);
+    /// let failing = engine.push(&[], &[&v], |_| Err::<(), _>("bad batch"))?;
+    /// assert!(failing.wait().is_err());
+    /// assert!(matches!(engine.wait_for_var(&v).wait(), Err(Error::Poisoned(_))));
+    /// engine.clear_poison(&v)?;
+    /// engine.wait_for_var(&v).wait()?; // live again
+    /// # let _ = engine.wait_all().wait();
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn clear_poison<T>(&self, var: &Var<T>) -> Result<OpHandle<()>, Error>
+    where
+        T: Send + Sync + 'static,
+    {
+        let key = var.key();
+        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
+            ctx.clear_poison(key)?;
+            Ok(())
+        }));
+        let edges = edges(&[], &[var], self.shared().id)?;
+        self.push_own(edges, body, "clear_poison", Mode::Maintenance)
+    }
+
+    /// Waits until every mutation pushed on `var` so far has completed.
+    ///
+    /// Resolves to an error if the variable is poisoned
+    /// ([`Error::Poisoned`], naming the original failure) or deleted.
+    /// Inside an op that declared `var` it resolves at once to
+    /// [`Error::WaitsForItself`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.var(0u64);
+    /// let k = v.key();
+    /// for _ in 0..10 {
+    ///     engine.push(&[], &[&v], move |ctx| -> Result<(), depflow::Error> {
+    ///         *ctx.write(k)? += 1;
+    ///         Ok(())
+    ///     })?;
+    /// }
+    /// engine.wait_for_var(&v).wait()?; // or `.await`
+    /// assert_eq!(v.version(), 10);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn wait_for_var<T>(&self, var: &Var<T>) -> Wait
+    where
+        T: Send + Sync + 'static,
+    {
+        let key = var.key();
+        let own =
+            with_current_op(|op| op.is_some_and(|op| op.edges().iter().any(|e| key.names(&e.var))));
+        if own {
+            return Wait::ready(Err(Error::WaitsForItself));
+        }
+        let body = SyncBody(Some(|_: &OpCtx| Ok::<(), BoxError>(())));
+        let pushed = edges(&[var], &[], self.shared().id)
+            .and_then(|edges| self.push_own(edges, body, "wait_for_var", Mode::Normal));
+        match pushed {
+            Ok(handle) => Wait::op(handle),
+            Err(e) => Wait::ready(Err(e)),
+        }
+    }
+
+    /// Waits until every op pushed so far (by any thread) has finished.
+    ///
+    /// Resolves to [`Error::Failures`] if ops failed since the previous
+    /// `wait_all` (each failure is reported once). Ops pushed by other threads
+    /// while it waits do not delay it. Inside an op it resolves at once to
+    /// [`Error::WaitsForItself`].
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let vars: Vec<_> = (0..8).map(|_| engine.new_var()).collect();
+    /// for v in &vars {
+    ///     engine.push(&[], &[v], |_| Ok::<_, Error>(()))?;
+    /// }
+    /// engine.wait_all().wait()?;
+    /// assert!(vars.iter().all(|v| v.version() == 1));
+    ///
+    /// engine.push(&[], &[&vars[0]], |_| Err::<(), _>("out of memory"))?;
+    /// assert!(matches!(engine.wait_all().wait(), Err(Error::Failures { count: 1, .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn wait_all(&self) -> Wait {
+        if in_op() {
+            return Wait::ready(Err(Error::WaitsForItself));
+        }
+        Wait::drain(self.shared().pending.wait(), self.shared().clone(), true)
+    }
+
+    /// Shuts the engine down: new pushes fail with [`Error::ShutDown`]; the
+    /// returned wait resolves once every op pushed before has finished. The
+    /// executors' threads stop when the last handle is dropped (dropping it
+    /// also shuts down, blocking until the ops have finished). Inside an op
+    /// the engine is shut down all the same, but the wait resolves at once to
+    /// [`Error::WaitsForItself`].
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let v = engine.new_var();
+    /// engine.push(&[], &[&v], |_| Ok::<_, Error>(()))?;
+    /// engine.shutdown().wait()?; // the op above has run
+    /// assert!(matches!(engine.push(&[], &[&v], |_| Ok::<_, Error>(())), Err(Error::ShutDown)));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn shutdown(&self) -> Wait {
+        if in_op() {
+            self.shared().close();
+            return Wait::ready(Err(Error::WaitsForItself));
+        }
+        Wait::drain(
+            self.shared().close_and_drain(),
+            self.shared().clone(),
+            false,
+        )
+    }
+
+    /// Pushes one of the engine's own ops (a delete, an un-poisoning, a
+    /// wait) on the default device.
+    fn push_own<B: Body>(
+        &self,
+        edges: Edges,
+        body: B,
+        name: &'static str,
+        mode: Mode,
+    ) -> Result<OpHandle<B::Output>, Error> {
+        self.launch(
+            OpSpec {
+                edges,
+                units: None,
+                name: Some(Cow::Borrowed(name)),
+                device: 0,
+                lane: None,
+                priority: 0,
+                mode,
+                generation: 0,
+            },
+            body,
+        )
+    }
+
+    /// Admits an op (refused after shutdown), spawns it and links it into
+    /// its variables' chains.
+    #[inline]
+    pub(super) fn launch<B: Body>(
+        &self,
+        mut spec: OpSpec,
+        body: B,
+    ) -> Result<OpHandle<B::Output>, Error> {
+        let shared = self.shared();
+        spec.generation = shared.admit()?;
+        Ok(OpHandle::new(spawn(spec, body, &**shared)))
+    }
+}

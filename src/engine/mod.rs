@@ -1,0 +1,35 @@
+//! The engine, on top: the facade users call ([`Engine`]), its
+//! configuration ([`EngineBuilder`], [`Executor`]), the ops it builds
+//! ([`OpBuilder`]), the futures it hands out ([`OpHandle`], [`Wait`]), and
+//! its shared state, which serves its ops as their `dep::Host` (`shared`).
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | `facade` | [`Engine`]: variables, resources, pushes, waits, devices |
+//! | `builder` | [`EngineBuilder`]: checking and starting an engine |
+//! | `executor` | [`Executor`], [`Job`]: how each device runs its ops |
+//! | `op_builder` | [`OpBuilder`], [`WhenRoom`]: describing an op, checked into an `OpSpec` |
+//! | `handle` | [`OpHandle`], [`Wait`]: futures, and blocking on them |
+//! | `shared` | the state shared by handles and ops; the `Host` and `Ledger` implementations |
+//! | `shutdown` | shutting down when the last handle drops |
+//! | `diagnostics` | assembling [`Diagnostics`](crate::Diagnostics) |
+//!
+//! May import every layer below: `loom`, `core`, `error`, `exec`,
+//! `resource`, `device`, `dep`, `trace`. The planned recorded graphs
+//! (`Engine::record`) start here; data-parallel helpers (`parallel/`) will
+//! sit above, on the public API.
+
+mod builder;
+mod diagnostics;
+mod executor;
+mod facade;
+mod handle;
+mod op_builder;
+mod shared;
+mod shutdown;
+
+pub use self::builder::{DEFAULT_DEVICE, EngineBuilder};
+pub use self::executor::{Executor, Job};
+pub use self::facade::Engine;
+pub use self::handle::{OpHandle, Wait};
+pub use self::op_builder::{OpBuilder, WhenRoom};

@@ -1,0 +1,379 @@
+//! Describing an op before pushing it: [`OpBuilder`] (variables, name,
+//! priority, device and lane, resource units), checked into an `OpSpec` at
+//! `run`; and [`WhenRoom`], the wait for room under the engine's bound on
+//! ops in flight.
+
+use std::borrow::Cow;
+use std::future::Future;
+
+use super::Engine;
+use super::handle::{OpHandle, block_outside_ops};
+use crate::dep::{
+    AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges,
+};
+use crate::device::Lane;
+use crate::error::{BoxError, Error};
+use crate::resource::Resource;
+
+/// An op under construction: set its variables, name, priority and device,
+/// then [`run`](OpBuilder::run) or [`run_async`](OpBuilder::run_async) it.
+///
+/// ```
+/// let engine = depflow::Engine::new();
+/// let grad = engine.var(vec![1.0f32; 8]);
+/// let handle = engine
+///     .op()
+///     .name("allreduce fc1")
+///     .priority(10)
+///     .mutates(&[&grad])
+///     .run({
+///         let grad = grad.clone();
+///         move |ctx| -> Result<f32, depflow::Error> {
+///             let mut g = ctx.write(&grad)?;
+///             g.iter_mut().for_each(|x| *x *= 0.5);
+///             Ok(g.iter().sum())
+///         }
+///     })?;
+/// assert_eq!(handle.wait()?, 4.0);
+/// # Ok::<(), depflow::Error>(())
+/// ```
+#[must_use = "an OpBuilder does nothing until `run` or `run_async`"]
+pub struct OpBuilder<'a> {
+    engine: &'a Engine,
+    reads: &'a [&'a dyn AnyVar],
+    mutates: &'a [&'a dyn AnyVar],
+    name: Option<Cow<'static, str>>,
+    priority: i32,
+    device: Option<Device>,
+    lane: Option<Lane>,
+    units: Option<Box<OpUnits>>,
+    /// The variable of each lasting demand in `units`, in order.
+    allocations: Vec<&'a dyn AnyVar>,
+    /// The first bad resource declaration, reported by `run`.
+    invalid: Option<Error>,
+}
+
+impl std::fmt::Debug for OpBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpBuilder")
+            .field("reads", &self.reads)
+            .field("mutates", &self.mutates)
+            .field("name", &self.name)
+            .field("priority", &self.priority)
+            .field("device", &self.device)
+            .field(
+                "resources",
+                &self.units.as_ref().map(|u| {
+                    u.demands()
+                        .map(|(r, d)| (r.name(), d.amount))
+                        .collect::<Vec<_>>()
+                }),
+            )
+            .finish()
+    }
+}
+
+impl<'a> OpBuilder<'a> {
+    #[inline]
+    pub(super) fn new(engine: &'a Engine) -> Self {
+        Self {
+            engine,
+            reads: &[],
+            mutates: &[],
+            name: None,
+            priority: 0,
+            device: None,
+            lane: None,
+            units: None,
+            allocations: Vec::new(),
+            invalid: None,
+        }
+    }
+
+    /// The variables the op reads.
+    pub fn reads(mut self, vars: &'a [&'a dyn AnyVar]) -> Self {
+        self.reads = vars;
+        self
+    }
+
+    /// The variables the op mutates.
+    pub fn mutates(mut self, vars: &'a [&'a dyn AnyVar]) -> Self {
+        self.mutates = vars;
+        self
+    }
+
+    /// A name for errors and `Debug` output.
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// A priority among ready ops (default 0; higher runs first). Honoured by
+    /// the pool executor; it never overrides dependencies.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The device to run on (default: the engine's default device).
+    pub fn on(mut self, device: Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// The lane (stream) of a stream device the op's work goes to (default
+    /// [`Lane::Compute(0)`](Lane::Compute)); see [`stream`](crate::stream).
+    ///
+    /// # Errors
+    ///
+    /// Reported by `run`: [`Error::Stream`] if the device has no such lane
+    /// or is not a stream device.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, Executor, Lane};
+    ///
+    /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(1)).build()?;
+    /// let gpu = engine.device("gpu").unwrap();
+    /// let v = engine.new_var();
+    /// let lane = engine
+    ///     .op()
+    ///     .on(gpu)
+    ///     .lane(Lane::HostToDevice)
+    ///     .mutates(&[&v])
+    ///     .run(|ctx| Ok::<_, Error>(ctx.stream()?.lane()))?;
+    /// assert_eq!(lane.wait()?, Lane::HostToDevice);
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn lane(mut self, lane: Lane) -> Self {
+        self.lane = Some(lane);
+        self
+    }
+
+    /// Units of `resource` the op needs while it runs, given back when it
+    /// completes. The op starts only once all its variables allow it *and*
+    /// all its units are free; it takes them all at once.
+    ///
+    /// # Errors
+    ///
+    /// Reported by `run`: [`Error::OverCapacity`] if the op needs more than
+    /// the resource has, [`Error::ForeignResource`] for another engine's.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let streams = engine.new_resource("streams", 1);
+    /// let (a, b) = (engine.new_var(), engine.new_var());
+    /// // Independent variables, but one stream: the two never overlap.
+    /// let first = engine.op().mutates(&[&a]).uses(&streams, 1).run(|_| Ok::<_, Error>(()))?;
+    /// let second = engine.op().mutates(&[&b]).uses(&streams, 1).run(|_| Ok::<_, Error>(()))?;
+    /// first.wait()?;
+    /// second.wait()?;
+    /// assert_eq!(streams.in_use(), 0);
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
+        self.add_units(resource, units, None);
+        self
+    }
+
+    /// Units of `resource` the op needs and hands on to `output`, one of the
+    /// variables it mutates (the buffer it fills): `output` holds them from
+    /// the op's completion until it is deleted or dropped, or a later op
+    /// allocates it again (which replaces them). If the op fails, they come
+    /// back at once.
+    ///
+    /// Such an op waits for every op pushed before it that needs units of
+    /// the same resource (see [`Resource`] on why this makes pipelines
+    /// deadlock-free).
+    ///
+    /// # Errors
+    ///
+    /// As for [`uses`](Self::uses), and [`Error::NotMutable`] (reported by
+    /// `run`) if the op does not mutate `output`.
+    pub fn allocates(mut self, resource: &Resource, units: u64, output: &'a dyn AnyVar) -> Self {
+        self.allocations.push(output);
+        self.add_units(resource, units, Some(self.allocations.len() - 1));
+        self
+    }
+
+    fn add_units(&mut self, resource: &Resource, units: u64, allocation: Option<usize>) {
+        if resource.engine() != self.engine.shared().id {
+            self.invalid
+                .get_or_insert(Error::ForeignResource(resource.name().to_string()));
+        } else if units > 0 {
+            self.units
+                .get_or_insert_with(Box::default)
+                .add(resource, units, allocation);
+        }
+    }
+
+    /// Waits for room under the engine's bound on ops in flight
+    /// ([`EngineBuilder::max_in_flight`](crate::EngineBuilder::max_in_flight)), then gives the builder back to
+    /// [`run`](Self::run): a producer that pushes this way never runs more
+    /// than the bound ahead of the engine (plus one op per other producer
+    /// between its wait and its push). Ready at once without a bound.
+    ///
+    /// `.await` it in async code, or block with [`WhenRoom::wait`].
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let engine = Engine::builder().max_in_flight(8).build()?;
+    /// let v = engine.new_var();
+    /// for _ in 0..100 {
+    ///     engine.op().mutates(&[&v]).when_room().await?.run(|_| Ok::<_, Error>(()))?;
+    /// }
+    /// engine.wait_all().await?;
+    /// # Ok::<(), Error>(()) }).unwrap();
+    /// ```
+    pub fn when_room(self) -> WhenRoom<'a> {
+        WhenRoom {
+            builder: Some(self),
+        }
+    }
+
+    /// The op's lane on a stream device (None elsewhere).
+    #[inline]
+    fn lane_index<B: Body>(&self, device: u16) -> Result<Option<u8>, Error> {
+        let shared = self.engine.shared();
+        if self.lane.is_none() && !shared.has_streams() {
+            return Ok(None); // the common case, one load
+        }
+        let lane = self.lane.unwrap_or_default();
+        match shared.stream_device(device) {
+            None if self.lane.is_some() => Err(Error::Stream(format!(
+                "{lane:?} given for an op on a device without streams"
+            ))),
+            None => Ok(None),
+            Some(_) if !B::SYNC => Err(Error::Stream(
+                "an op on a stream device has a synchronous body (it enqueues work)".into(),
+            )),
+            Some(stream_device) => stream_device
+                .lane(lane)
+                .map(Some)
+                .ok_or_else(|| Error::Stream(format!("the device has no lane {lane:?}"))),
+        }
+    }
+
+    #[inline]
+    fn device_index(&self) -> Result<u16, Error> {
+        match self.device {
+            None => Ok(0),
+            Some(d) if d.engine == self.engine.shared().id => Ok(d.index),
+            Some(_) => Err(Error::Config("the device belongs to another engine".into())),
+        }
+    }
+
+    /// Pushes the op with a synchronous body; see [`Engine::push`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::push`].
+    pub fn run<F, T, E>(self, f: F) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.launch(SyncBody(Some(f)))
+    }
+
+    /// Pushes the op with an asynchronous body; see [`Engine::push_async`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Engine::push`].
+    pub fn run_async<F, Fut, T, E>(self, f: F) -> Result<OpHandle<T>, Error>
+    where
+        F: FnOnce(OpCtx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.launch(AsyncBody::new(f))
+    }
+
+    /// Checks the declaration and pushes the op.
+    #[inline]
+    fn launch<B: Body>(mut self, body: B) -> Result<OpHandle<B::Output>, Error> {
+        let engine = self.engine;
+        let device = self.device_index()?;
+        if let Some(e) = self.invalid {
+            return Err(e);
+        }
+        let edges = edges(self.reads, self.mutates, engine.shared().id)?;
+        if let Some(r) = &mut self.units {
+            if let Some((resource, requested)) = r.over_capacity() {
+                return Err(Error::OverCapacity {
+                    resource: resource.name().to_string(),
+                    requested,
+                    capacity: resource.capacity(),
+                });
+            }
+            // Point each allocation at its output's edge, merging repeats.
+            for l in &mut r.lasting {
+                let var = self.allocations[l.edge].core();
+                l.edge = edges
+                    .as_slice()
+                    .iter()
+                    .position(|e| std::ptr::eq(e.var.core(), var) && e.is_write())
+                    .ok_or(Error::NotMutable(var.id()))?;
+            }
+            r.merge_lasting();
+        }
+        let lane = self.lane_index::<B>(device)?;
+        engine.launch(
+            OpSpec {
+                edges,
+                units: self.units,
+                name: self.name,
+                device,
+                lane,
+                priority: self.priority,
+                mode: Mode::Normal,
+                generation: 0,
+            },
+            body,
+        )
+    }
+}
+
+/// Waits for room under the engine's bound on ops in flight; resolves to the
+/// [`OpBuilder`] to push with. Made by [`OpBuilder::when_room`].
+#[must_use = "a WhenRoom does nothing unless awaited or waited on"]
+#[derive(Debug)]
+pub struct WhenRoom<'a> {
+    builder: Option<OpBuilder<'a>>,
+}
+
+impl<'a> WhenRoom<'a> {
+    /// Blocks the calling thread until there is room.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BlockingInOp`] inside an op (`.await` it there instead).
+    pub fn wait(self) -> Result<OpBuilder<'a>, Error> {
+        block_outside_ops(false, self)
+    }
+}
+
+impl<'a> Future for WhenRoom<'a> {
+    type Output = Result<OpBuilder<'a>, Error>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let builder = self
+            .builder
+            .as_ref()
+            .expect("WhenRoom polled after it resolved");
+        std::task::ready!(builder.engine.shared().room.poll_room(cx));
+        std::task::Poll::Ready(Ok(self.builder.take().expect("checked above")))
+    }
+}
+
+// An `OpBuilder` holds only shared references and owned data.
+impl Unpin for WhenRoom<'_> {}

@@ -1,0 +1,209 @@
+//! The engine's shared state ([`Shared`]): its devices, its counts of ops in
+//! flight, the broker of its resources, its failure log; and how it serves
+//! its ops as their [`Host`] and its resources as their [`Ledger`].
+//!
+//! # What serialises what
+//!
+//! A push of an op on **one** variable takes no lock: it is one append to that
+//! variable's chain. A push on **several** variables links its edges while
+//! holding the engine's push lock, so that every variable's chain sees
+//! multi-variable ops in one global order. Without it, two threads pushing
+//! `(read A, mutate B)` and `(mutate A, read B)` could each get ahead of the
+//! other on one variable: a wait-for cycle. The lock is cheap: it is held for
+//! one `swap` and one `fetch_or` per variable, never while granting or running
+//! anything, and uncontended when one thread pushes. Single-variable ops need
+//! no place in the global order: a cycle through one of them can be shortened
+//! to one through multi-variable ops only, since its two neighbours are
+//! ordered on its single variable.
+//!
+//! # Who touches what
+//!
+//! | field | written by | read by |
+//! | --- | --- | --- |
+//! | `id`, `devices`, `has_streams`, `tracker` (presence) | `EngineBuilder::build` | anyone |
+//! | `pending`, `room`, `broker`, `tracker` | see `core` and `trace` | |
+//! | `closed` | `close` (shutdown) | pushes |
+//! | `failures` | failing ops, `wait_all` (under its lock) | the same |
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::executor::Exec;
+use crate::core::generations::{Generations, Signal};
+use crate::core::room::Room;
+use crate::core::tickets::{Broker, Demand};
+use crate::dep::{Host, OpBlock, Runner, dispatch_granted};
+use crate::device::StreamDevice;
+use crate::error::{Error, OpFailure};
+use crate::loom::sync::Mutex;
+use crate::resource::Ledger;
+use crate::trace::Tracker;
+
+/// State shared by an engine's handles and its ops.
+pub(crate) struct Shared {
+    pub(super) id: u64,
+    pub(super) devices: Box<[DeviceSlot]>,
+    /// The ops in flight, for `wait_all` and shutdown.
+    pub(super) pending: Generations,
+    push_lock: Mutex<()>,
+    /// Shut down: new pushes are refused.
+    closed: AtomicBool,
+    failures: Mutex<FailureLog>,
+    /// The units of the engine's resources, and the ops waiting for them.
+    pub(super) broker: Broker<Runner>,
+    /// The bound on ops in flight.
+    pub(super) room: Room,
+    pub(super) tracker: Option<Tracker>,
+    /// Some device is a stream device: ops must mind the variables' fences.
+    has_streams: bool,
+}
+
+/// One device of the engine.
+pub(crate) struct DeviceSlot {
+    pub(super) name: String,
+    pub(super) exec: Exec,
+}
+
+#[derive(Default)]
+struct FailureLog {
+    first: Option<Arc<OpFailure>>,
+    count: usize,
+}
+
+impl Shared {
+    pub(super) fn new(
+        id: u64,
+        devices: Box<[DeviceSlot]>,
+        max_in_flight: usize,
+        track_ops: bool,
+    ) -> Self {
+        Self {
+            has_streams: devices.iter().any(|d| d.exec.stream_device().is_some()),
+            id,
+            devices,
+            pending: Generations::default(),
+            push_lock: Mutex::new(()),
+            closed: AtomicBool::new(false),
+            failures: Mutex::new(FailureLog::default()),
+            broker: Broker::default(),
+            room: Room::new(max_in_flight),
+            tracker: track_ops.then(Tracker::default),
+        }
+    }
+
+    /// Counts a new op in: returns its generation, or `ShutDown`.
+    #[inline]
+    pub(super) fn admit(&self) -> Result<u8, Error> {
+        let generation = self.pending.enter();
+        if self.closed.load(Ordering::SeqCst) {
+            self.pending.leave(generation);
+            return Err(Error::ShutDown);
+        }
+        self.room.enter();
+        Ok(generation)
+    }
+
+    /// Refuses new pushes from now on.
+    pub(super) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Refuses new pushes and returns a signal that fires once every op
+    /// pushed before has finished.
+    pub(super) fn close_and_drain(&self) -> Arc<Signal> {
+        self.close();
+        self.pending.wait()
+    }
+
+    /// Takes the failures recorded since the last call, as one error.
+    pub(super) fn take_failures(&self) -> Result<(), Error> {
+        let mut log = self.failures.lock();
+        let count = std::mem::take(&mut log.count);
+        match log.first.take() {
+            Some(first) => Err(Error::Failures { first, count }),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn stop_executors(&self) {
+        for device in self.devices.iter() {
+            device.exec.shutdown();
+        }
+    }
+}
+
+impl Host for Shared {
+    #[inline]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    #[inline]
+    fn push_lock(&self) -> &Mutex<()> {
+        &self.push_lock
+    }
+
+    #[inline]
+    fn has_streams(&self) -> bool {
+        self.has_streams
+    }
+
+    #[inline]
+    fn stream_device(&self, device: u16) -> Option<&StreamDevice> {
+        self.devices[usize::from(device)].exec.stream_device()
+    }
+
+    #[inline]
+    fn dispatch(&self, op: Runner, yielded: bool) {
+        let device = usize::from(op.metadata().device());
+        self.devices[device].exec.schedule(op, yielded);
+    }
+
+    fn request_units(&self, op: Runner) {
+        dispatch_granted(self.broker.request(op), self);
+    }
+
+    fn retire_tickets(&self, demands: &[Demand]) {
+        dispatch_granted(self.broker.retire(demands), self);
+    }
+
+    fn give_back_units(&self, returns: &[(usize, u64)]) {
+        dispatch_granted(self.broker.release(returns.iter().copied()), self);
+    }
+
+    fn record_failure(&self, failure: Arc<OpFailure>) {
+        let mut log = self.failures.lock();
+        log.first.get_or_insert(failure);
+        log.count += 1;
+    }
+
+    #[inline]
+    fn retire(&self, op: &OpBlock) {
+        self.room.leave();
+        self.pending.leave(op.generation());
+    }
+
+    #[inline]
+    fn on_pushed(&self, op: &OpBlock) {
+        if let Some(tracker) = &self.tracker {
+            tracker.add(op);
+        }
+    }
+
+    #[inline]
+    fn on_finished(&self, op: &OpBlock) {
+        if let Some(tracker) = &self.tracker {
+            tracker.remove(op);
+        }
+    }
+}
+
+impl Ledger for Shared {
+    fn free(&self, pool: usize) -> u64 {
+        self.broker.units(pool).1
+    }
+
+    fn give_back(&self, pool: usize, amount: u64) {
+        self.give_back_units(&[(pool, amount)]);
+    }
+}

@@ -1,0 +1,187 @@
+//! Counted resources (device memory, buffer slots, stream slots): the public
+//! [`Resource`] handle, and the units a variable holds.
+//!
+//! An op declares units next to its variables
+//! ([`OpBuilder::uses`](crate::OpBuilder::uses),
+//! [`OpBuilder::allocates`](crate::OpBuilder::allocates)). Once its variables
+//! grant it, it asks the engine for all its units at once and is parked,
+//! holding nothing, until they are free. Temporary units come back when the
+//! op completes; allocated units stay with the output variable ([`Held`])
+//! until it is deleted, dropped, or re-allocated by a later op. The engine
+//! keeps the accounts (a [`tickets`](crate::core::tickets) broker over its
+//! ops), which a resource reaches through its [`Ledger`]: see `tickets` for
+//! the granting order and why it cannot deadlock a program that fits when run
+//! serially.
+//!
+//! May import: `crate::loom`. Knows no op: what an op asks for is the
+//! dependency layer's (`dep::units`), who grants it the engine's.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::loom::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Where a resource's units are accounted: the engine's broker, which hands
+/// what a returned unit makes room for to its executors.
+pub(crate) trait Ledger: Send + Sync {
+    /// Units of `pool` free now.
+    fn free(&self, pool: usize) -> u64;
+
+    /// Gives `amount` units of `pool` back, and starts what now fits.
+    fn give_back(&self, pool: usize, amount: u64);
+}
+
+/// A counted resource of one engine: `capacity` units that ops take while
+/// they run or hand on to the variables they allocate.
+///
+/// Cheap to clone. Made by [`Engine::new_resource`](crate::Engine::new_resource).
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let memory = engine.new_resource("gpu0 memory", 4);
+/// let (input, output) = (engine.new_var(), engine.new_var());
+/// // Runs only when 3 units are free; gives 1 back when it completes and
+/// // keeps 2 with `output` until `output` is deleted.
+/// engine
+///     .op()
+///     .reads(&[&input])
+///     .mutates(&[&output])
+///     .uses(&memory, 1)
+///     .allocates(&memory, 2, &output)
+///     .run(|_| Ok::<_, Error>(()))?
+///     .wait()?;
+/// assert_eq!(memory.in_use(), 2);
+/// engine.delete_var(&output, drop)?.wait()?;
+/// assert_eq!(memory.in_use(), 0);
+/// // Asking for more than there is fails at push, not by hanging.
+/// let too_much = engine.op().mutates(&[&input]).uses(&memory, 5).run(|_| Ok::<_, Error>(()));
+/// assert!(matches!(too_much, Err(Error::OverCapacity { .. })));
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Resource {
+    inner: Arc<ResourceInner>,
+}
+
+struct ResourceInner {
+    /// The id of the engine whose ops may use it.
+    engine: u64,
+    /// Its pool in the engine's ledger.
+    pool: usize,
+    name: Cow<'static, str>,
+    capacity: u64,
+    /// The next request's place in push order; drawn under the engine's
+    /// push lock.
+    next_ticket: AtomicU64,
+    ledger: Arc<dyn Ledger>,
+}
+
+impl Resource {
+    /// The handle of pool `pool` of engine `engine`'s ledger.
+    pub(crate) fn new(
+        engine: u64,
+        pool: usize,
+        name: Cow<'static, str>,
+        capacity: u64,
+        ledger: Arc<dyn Ledger>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(ResourceInner {
+                engine,
+                pool,
+                name,
+                capacity,
+                next_ticket: AtomicU64::new(0),
+                ledger,
+            }),
+        }
+    }
+
+    /// The name given at creation.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// How many units there are in all.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
+    /// How many units running ops and live variables hold now.
+    pub fn in_use(&self) -> u64 {
+        self.inner.capacity - self.inner.ledger.free(self.inner.pool)
+    }
+
+    /// The id of the engine it belongs to.
+    #[inline]
+    pub(crate) fn engine(&self) -> u64 {
+        self.inner.engine
+    }
+
+    /// Its pool in the engine's ledger.
+    #[inline]
+    pub(crate) fn pool(&self) -> usize {
+        self.inner.pool
+    }
+
+    /// The next place in push order among the requests for it; called
+    /// under the engine's push lock, so that ticket order agrees with every
+    /// variable's order.
+    pub(crate) fn draw_ticket(&self) -> u64 {
+        self.inner.next_ticket.fetch_add(1, Relaxed)
+    }
+
+    /// Gives `amount` units back (a variable that held them is gone) and
+    /// starts the ops that now fit.
+    pub(crate) fn give_back(&self, amount: u64) {
+        self.inner.ledger.give_back(self.inner.pool, amount);
+    }
+}
+
+impl PartialEq for Resource {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for Resource {}
+
+impl fmt::Debug for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resource")
+            .field("name", &self.name())
+            .field("capacity", &self.capacity())
+            .field("in_use", &self.in_use())
+            .finish()
+    }
+}
+
+/// Units held by something that is not an op (a variable): given back when
+/// dropped, so after the value they stand for has been recycled or freed.
+#[derive(Debug, Default)]
+pub(crate) struct Held(Vec<(Resource, u64)>);
+
+impl Held {
+    /// Holds `amount` units of `resource`, instead of what was held of it;
+    /// returns the amount replaced (to give back).
+    pub(crate) fn replace(&mut self, resource: &Resource, amount: u64) -> Option<u64> {
+        match self.0.iter_mut().find(|(r, _)| r == resource) {
+            Some((_, units)) => Some(std::mem::replace(units, amount)),
+            None => {
+                self.0.push((resource.clone(), amount));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for (resource, units) in self.0.drain(..) {
+            resource.give_back(units);
+        }
+    }
+}
