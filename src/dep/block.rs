@@ -37,13 +37,40 @@ use std::task::Waker;
 
 use async_task::Runnable;
 
-use super::decl::{Edges, OpEdge};
 use super::units::OpUnits;
+use super::var::{AnyVar, VarHold};
 use crate::core::anchor::Anchor;
+use crate::core::chain::Edge;
 use crate::core::countdown::Countdown;
+use crate::core::few::Few;
 use crate::error::{FailureKind, OpFailure};
 use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::AtomicU8;
+
+/// One op's access to one variable: the chain edge and the variable it is in.
+pub(crate) struct OpEdge {
+    pub(crate) edge: Edge<OpBlock>,
+    pub(crate) var: VarHold,
+}
+
+impl OpEdge {
+    #[inline]
+    pub(super) fn new(var: &dyn AnyVar, write: bool) -> Self {
+        Self {
+            edge: Edge::new(write),
+            var: var.hold(),
+        }
+    }
+
+    /// Whether the op mutates this variable.
+    #[inline]
+    pub(crate) fn is_write(&self) -> bool {
+        self.edge.is_write()
+    }
+}
+
+/// The op's edges, writes first, each variable once; two inline.
+pub(crate) type Edges = Few<OpEdge>;
 
 /// A runnable op, as the host's executors see it.
 pub(crate) type Runner = Runnable<OpBlock>;

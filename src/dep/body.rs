@@ -9,22 +9,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::block::OpBlock;
-use super::ctx::OpCtx;
-use super::lifecycle::lease;
-use crate::device::Stream;
+use super::ctx::{Env, OpCtx};
 use crate::error::BoxError;
-
-/// What a body's context gets from the op's future, besides the op.
-pub(crate) struct Env<'a> {
-    /// The op's stream, on a stream device.
-    pub(crate) stream: Option<&'a Stream>,
-    /// The id of the op's engine.
-    pub(crate) engine: u64,
-    /// What releases the op's grants when a leased context is dropped
-    /// (`lifecycle::lease_dropped` for the op's host; its contract: called
-    /// with the op it was made for, before the op retires).
-    pub(crate) lease_dropped: unsafe fn(&OpBlock),
-}
 
 /// What an op runs once its dependencies are granted.
 pub(crate) trait Body: Send + 'static {
@@ -110,7 +96,6 @@ where
         // (only polled in place and dropped with `self`); `start` is not pinned.
         let this = unsafe { self.get_unchecked_mut() };
         if let Some(start) = this.start.take() {
-            lease(op);
             this.fut = Some(start(OpCtx::leased(op, env, cx.waker().clone())));
         }
         // SAFETY: see above; `this` is pinned, so is `fut` inside it.

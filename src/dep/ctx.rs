@@ -14,9 +14,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::task::Waker;
 
-use super::block::OpBlock;
-use super::body::Env;
-use super::decl::OpEdge;
+use super::block::{OpBlock, OpEdge};
 use super::var::{VarKey, VarState};
 use crate::core::few::Few;
 use crate::device::Stream;
@@ -25,6 +23,18 @@ use crate::resource::Held;
 
 /// Borrow counter value of a variable borrowed mutably.
 const MUT: i32 = -1;
+
+/// What a body's context gets from the op's future, besides the op.
+pub(crate) struct Env<'a> {
+    /// The op's stream, on a stream device.
+    pub(crate) stream: Option<&'a Stream>,
+    /// The id of the op's engine.
+    pub(crate) engine: u64,
+    /// What releases the op's grants when a leased context is dropped
+    /// (`lifecycle::lease_dropped` for the op's host; its contract: called
+    /// with the op it was made for, before the op retires).
+    pub(crate) lease_dropped: unsafe fn(&OpBlock),
+}
 
 /// A device of an engine: where an op runs. Cheap to copy.
 ///
@@ -147,8 +157,11 @@ impl OpCtx {
         }
     }
 
-    /// A context owned by an async body; `anchor` is a waker of the op's task.
+    /// A context owned by an async body; `anchor` is a waker of the op's
+    /// task. From now on the op's future and this context each hold its
+    /// grants: the last of the two to go releases them.
     pub(crate) fn leased(op: &OpBlock, env: &Env<'_>, anchor: Waker) -> Self {
+        op.holders.store(2, Ordering::Relaxed);
         Self {
             op,
             borrows: borrows(op),

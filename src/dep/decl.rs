@@ -9,39 +9,13 @@
 
 use std::collections::HashSet;
 
-use super::block::OpBlock;
-use super::var::{AnyVar, VarCore, VarHold};
-use crate::core::chain::Edge;
+use super::block::{Edges, OpEdge};
+use super::var::{AnyVar, VarCore};
 use crate::core::few::Few;
 use crate::error::Error;
 
 /// Declarations of up to this many variables are normalised on the stack.
 const SMALL_DECL: usize = 8;
-
-/// One op's access to one variable: the chain edge and the variable it is in.
-pub(crate) struct OpEdge {
-    pub(crate) edge: Edge<OpBlock>,
-    pub(crate) var: VarHold,
-}
-
-impl OpEdge {
-    #[inline]
-    fn new(var: &dyn AnyVar, write: bool) -> Self {
-        Self {
-            edge: Edge::new(write),
-            var: var.hold(),
-        }
-    }
-
-    /// Whether the op mutates this variable.
-    #[inline]
-    pub(crate) fn is_write(&self) -> bool {
-        self.edge.is_write()
-    }
-}
-
-/// The op's edges, writes first, each variable once; two inline.
-pub(crate) type Edges = Few<OpEdge>;
 
 /// Normalises a declaration of the engine with id `engine` into edges.
 ///

@@ -13,10 +13,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::block::OpBlock;
-use super::body::{Body, Env};
+use super::body::Body;
+use super::ctx::Env;
 use super::host::Host;
-use super::lifecycle::{Outcome, abandon, finish, host, lease_dropped};
-use super::poison::skip;
+use super::lifecycle::{Outcome, abandon, finish, host, lease_dropped, skip};
 use crate::error::{Error, FailureKind, panic_message};
 
 /// The future of an op on a host device (see `stream_op` for the other).

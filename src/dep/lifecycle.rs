@@ -1,9 +1,8 @@
-//! An op's life, step by step: spawned and linked into its variables'
-//! chains (`spawn`, `launch`), granted by them (`Grant`), made ready
-//! (`ready`: units, then dispatch), finished (`finish`: poison on failure,
-//! then release its grants), and retired (`retire`: counted out of its
-//! host). Every step is generic over the op's [`Host`], so the engine's
-//! calls are static.
+//! An op's life after its push (`spawn`), step by step: granted by its
+//! variables (`Grant`), made ready (`ready`: units, then dispatch), finished
+//! (`finish`: poison on failure, then release its grants) or skipped
+//! (`skip`), and retired (`retire`: counted out of its host). Every step is
+//! generic over the op's [`Host`], so the engine's calls are static.
 //!
 //! An op keeps its host erased (`OpBlock::host`); [`host`] gets it back in
 //! the code monomorphised for it: the op's future, its task's schedule
@@ -17,137 +16,27 @@
 
 use std::sync::Arc;
 
-use super::block::{OpBlock, OpSpec, Runner};
-use super::body::Body;
-use super::future::OpFuture;
+use super::block::{OpBlock, Runner};
 use super::host::Host;
-use super::reclaim;
-use super::stream_op::StreamOpFuture;
+use super::poison::Skip;
+use super::units::{OpUnits, Returns};
 use crate::core::chain::{Grant, Owner};
 use crate::core::few::Few;
+use crate::core::tickets::{Demand, Request};
 use crate::error::{Error, FailureKind, OpFailure};
 use crate::loom::sync::atomic::Ordering::{AcqRel, Relaxed};
-
-/// The task of a pushed op: what its handle awaits.
-pub(crate) type OpTask<T> = async_task::Task<Result<T, Error>, OpBlock>;
 
 /// The host `op` was spawned with.
 ///
 /// # Safety
 ///
-/// `op` was spawned by [`spawn`] with host type `H`, and is pending (its
+/// `op` was spawned by `spawn` with host type `H`, and is pending (its
 /// host outlives it until it retires).
 #[inline]
 pub(super) unsafe fn host<H: Host>(op: &OpBlock) -> &H {
     // SAFETY: `spawn::<_, H>` stored a `*const H` there; the caller
     // guarantees the type and that the host is alive.
     unsafe { &*op.host.cast::<H>() }
-}
-
-/// Spawns an op made of `spec` and `body` on `host`, and links it into its
-/// variables' chains: it runs as soon as its dependencies allow. Returns its
-/// task, which resolves to the body's result.
-#[inline]
-pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask<B::Output> {
-    let on_streams = spec.lane.is_some();
-    let block = OpBlock::new(spec, std::ptr::from_ref(host).cast());
-    let builder = async_task::Builder::new().metadata(block);
-    let schedule = async_task::WithInfo(schedule::<H>);
-    let (runner, task) = if on_streams {
-        builder.spawn(
-            move |op: &OpBlock| StreamOpFuture::<B, H>::new(op, body),
-            schedule,
-        )
-    } else {
-        builder.spawn(
-            move |op: &OpBlock| OpFuture::<B, H>::new(op, body),
-            schedule,
-        )
-    };
-    // SAFETY: `runner` was just spawned for this block and never scheduled.
-    unsafe { launch(runner, host) };
-    task
-}
-
-/// Links a freshly spawned op into its variables' chains, and makes it
-/// ready if nothing holds it back.
-///
-/// # Safety
-///
-/// `runner` comes straight from `spawn`: never scheduled, its edges never
-/// linked.
-#[inline]
-unsafe fn launch<H: Host>(runner: Runner, host: &H) {
-    let op: *const OpBlock = runner.metadata();
-    // SAFETY: the block lives in the task allocation, which `runner` keeps
-    // alive until it is parked in the countdown, and the anchor keeps alive
-    // from then on until every edge is released. Nothing else can see the
-    // block before its edges are linked, so the writes below are exclusive.
-    unsafe {
-        let this = &*op;
-        this.anchor.set(runner.waker());
-        for e in this.edges() {
-            e.edge.set_owner(op);
-        }
-        this.countdown.park(runner);
-        host.on_pushed(this);
-        let edges = this.edges();
-        if edges.len() == 1 && this.units().is_none() {
-            edges[0].var.chain.append(&edges[0].edge, host);
-        } else {
-            link_all(this, host);
-        }
-        // Release the pusher's guard; if every edge was granted meanwhile,
-        // the op is ready now.
-        if let Some(runner) = this.countdown.release() {
-            ready(this, runner, host);
-        }
-        // This thread frees the op once it is finished.
-        reclaim::adopt(this);
-    }
-}
-
-/// Links every edge under the host's push lock, so that all variables'
-/// chains see multi-variable ops in one global order (two pushers cannot
-/// interleave into opposite orders on two variables, which would be a
-/// wait-for cycle). An op with units draws its tickets in the same critical
-/// section, so ticket order agrees with that order too (see
-/// `core::tickets`). Granting, which may run ops inline, happens after the
-/// lock is dropped.
-///
-/// # Safety
-///
-/// As for [`launch`].
-unsafe fn link_all<H: Host>(op: &OpBlock, host: &H) {
-    let edges = op.edges();
-    // One bit per edge whose token this push took: the first 64 edges in a
-    // word, the rest (rare) a word per 64 more.
-    let mut first = 0u64;
-    let mut rest: Few<u64> = Few::from_fn(edges.len().saturating_sub(1) / 64, |_| 0);
-    {
-        let _order = host.push_lock().lock();
-        if let Some(units) = op.units() {
-            units.draw_tickets();
-        }
-        for (i, e) in edges.iter().enumerate() {
-            // SAFETY: forwarded from `launch`.
-            if unsafe { e.var.chain.link(&e.edge) } {
-                match i {
-                    0..64 => first |= 1 << i,
-                    _ => rest[i / 64 - 1] |= 1 << (i % 64),
-                }
-            }
-        }
-    }
-    for (w, &word) in std::iter::once(&first).chain(rest.iter()).enumerate() {
-        let mut bits = word;
-        while bits != 0 {
-            let e = &edges[w * 64 + bits.trailing_zeros() as usize];
-            bits &= bits - 1;
-            // SAFETY: `link` handed us the token at this edge.
-            unsafe { e.var.chain.advance(&e.edge, host) };
-        }
-    }
 }
 
 impl Owner for OpBlock {
@@ -174,7 +63,7 @@ impl<H: Host> Grant<H> for OpBlock {
 /// The op's variables all granted it: dispatch it, or first ask for its
 /// units (the host may park it until they are free).
 #[inline]
-fn ready<H: Host>(op: &OpBlock, runner: Runner, host: &H) {
+pub(super) fn ready<H: Host>(op: &OpBlock, runner: Runner, host: &H) {
     host.on_ready(op);
     let Some(units) = op.units() else {
         return host.dispatch(runner, false);
@@ -187,6 +76,12 @@ fn ready<H: Host>(op: &OpBlock, runner: Runner, host: &H) {
         host.dispatch(runner, false);
     } else {
         host.request_units(runner);
+    }
+}
+
+impl Request for Runner {
+    fn demands(&self) -> &[Demand] {
+        self.metadata().units().map_or(&[], OpUnits::as_request)
     }
 }
 
@@ -205,7 +100,7 @@ pub(crate) fn dispatch_granted<H: Host>(granted: Few<Runner>, host: &H) {
 }
 
 /// The schedule function of every op's task: wakes of async ops land here.
-fn schedule<H: Host>(runner: Runner, info: async_task::ScheduleInfo) {
+pub(super) fn schedule<H: Host>(runner: Runner, info: async_task::ScheduleInfo) {
     // SAFETY: `spawn::<_, H>` gave this function to the op's task; an op is
     // woken only while it is pending, when its host is alive. The pointer is
     // taken before `runner` moves into the dispatch.
@@ -253,13 +148,6 @@ pub(super) fn abandon<H: Host>(op: &OpBlock, host: &H) {
     finish(op, Outcome::Failed(op.failure(FailureKind::Dropped)), host);
 }
 
-/// Marks an async op as having leased its context: from now on the future
-/// and the context each hold the grants.
-#[inline]
-pub(super) fn lease(op: &OpBlock) {
-    op.holders.store(2, Relaxed);
-}
-
 /// A leased context was dropped: the last of it and the future releases
 /// the grants.
 ///
@@ -280,7 +168,7 @@ fn release_grants<H: Host>(op: &OpBlock, host: &H) {
         && units.is_held()
     {
         // SAFETY: the op still holds its grants (released just below).
-        let returns = unsafe { units.hand_on(op) };
+        let returns = unsafe { hand_on(op, units) };
         host.give_back_units(&returns);
     }
     release_edges(op, host);
@@ -299,6 +187,46 @@ pub(super) fn release_edges<H: Host>(op: &OpBlock, host: &H) {
             } else {
                 e.var.chain.complete_read(host);
             }
+        }
+    }
+}
+
+/// Hands the lasting units of `op` on to its outputs (unless it failed) and
+/// returns what is to be given back: the rest of its units, and those the
+/// outputs held before.
+///
+/// # Safety
+///
+/// `units` are `op`'s, and `op` still holds its write grants.
+pub(super) unsafe fn hand_on(op: &OpBlock, units: &OpUnits) -> Returns {
+    let mut returns = units.returns();
+    if units.is_failed() {
+        return returns;
+    }
+    for l in &units.lasting {
+        let resource = units.resource(l.demand);
+        let var = &op.edges()[l.edge].var;
+        returns[l.demand].1 -= l.amount;
+        // SAFETY: the op holds the write grant on `var` (allocations go to
+        // mutated variables only; checked at push).
+        if let Some(old) = unsafe { var.hold_units(resource, l.amount) } {
+            returns.push((resource.pool(), old));
+        }
+    }
+    returns
+}
+
+/// Finishes an op that does not run; returns its error.
+pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
+    match why {
+        Skip::Poisoned(cause) => {
+            finish(op, Outcome::Poisoned(cause.clone()), host);
+            Error::Poisoned(cause)
+        }
+        Skip::Deleted(var) => {
+            let failure = op.failure(FailureKind::InputDeleted(var));
+            finish(op, Outcome::Failed(failure), host);
+            Error::Deleted(var)
         }
     }
 }

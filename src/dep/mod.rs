@@ -4,9 +4,10 @@
 //! | module | owns |
 //! | --- | --- |
 //! | `var` | variables: their chain, version, state (live, poisoned, deleted), held units, fences and value |
+//! | `block` | one op's metadata, the [`OpBlock`], and its edges |
 //! | `decl` | declarations normalised into edges |
-//! | `block` | one op's metadata, the [`OpBlock`] |
-//! | `lifecycle` | spawn, link, grant, ready, finish, retire: the transitions, generic over the host |
+//! | `spawn` | pushing an op: its task, and linking it into its variables' chains |
+//! | `lifecycle` | grant, ready, finish, skip, retire: the transitions, generic over the host |
 //! | `units` | the counted units an op needs, and how lasting ones are handed on |
 //! | `poison` | whether an op may run, and how failures pass on |
 //! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
@@ -29,16 +30,19 @@ mod host;
 mod lifecycle;
 mod poison;
 pub(crate) mod reclaim;
+mod spawn;
 mod stream_op;
 mod units;
 mod var;
 
+pub(crate) use self::block::Edges;
 pub(crate) use self::block::{Mode, OpBlock, OpSpec, Runner};
 pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
-pub(crate) use self::decl::{Edges, edges};
+pub(crate) use self::decl::edges;
 pub(crate) use self::future::{in_op, with_current_op};
 pub(crate) use self::host::Host;
-pub(crate) use self::lifecycle::{OpTask, dispatch_granted, spawn};
+pub(crate) use self::lifecycle::dispatch_granted;
+pub(crate) use self::spawn::{OpTask, spawn};
 pub(crate) use self::units::OpUnits;
 pub use self::var::{AnyVar, Var, VarKey};

@@ -19,10 +19,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::block::OpBlock;
-use super::host::Host;
-use super::lifecycle::{Outcome, finish};
 use super::var::VarState;
-use crate::error::{Error, FailureKind, OpFailure, VarId};
+use crate::error::{OpFailure, VarId};
 
 /// Why an op does not run.
 pub(crate) enum Skip {
@@ -107,24 +105,6 @@ impl OpBlock {
                     }
                 }
             }
-        }
-    }
-}
-
-/// Finishes an op that does not run; returns its error.
-pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
-    match why {
-        Skip::Poisoned(cause) => {
-            finish(op, Outcome::Poisoned(cause.clone()), host);
-            Error::Poisoned(cause)
-        }
-        Skip::Deleted(var) => {
-            finish(
-                op,
-                Outcome::Failed(op.failure(FailureKind::InputDeleted(var))),
-                host,
-            );
-            Error::Deleted(var)
         }
     }
 }

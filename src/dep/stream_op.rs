@@ -21,11 +21,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::block::OpBlock;
-use super::body::{Body, Env};
+use super::body::Body;
+use super::ctx::Env;
 use super::future::run_body;
 use super::host::Host;
-use super::lifecycle::{Outcome, abandon, finish, host, lease_dropped, release_edges, retire};
-use super::poison::skip;
+use super::lifecycle::{
+    Outcome, abandon, finish, hand_on, host, lease_dropped, release_edges, retire, skip,
+};
 use crate::device::poller::Entry;
 use crate::device::{Fence, Stream, StreamDevice};
 use crate::error::{Error, FailureKind};
@@ -86,7 +88,7 @@ impl OpBlock {
             }
             if units.is_held() {
                 // SAFETY: the op still holds its grants (released below).
-                units.defer(unsafe { units.hand_on(self) });
+                units.defer(unsafe { hand_on(self, units) });
             }
         }
         release_edges(self, host);

@@ -21,9 +21,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use super::block::{OpBlock, Runner};
 use crate::core::few::Few;
-use crate::core::tickets::{Demand, Request};
+use crate::core::tickets::Demand;
 use crate::loom::sync::Mutex;
 use crate::resource::Resource;
 
@@ -182,34 +181,19 @@ impl OpUnits {
         std::mem::take(&mut *self.deferred.lock())
     }
 
-    /// Hands the lasting units on to the outputs of `op` (only if it
-    /// succeeded) and returns what is to be given back: the rest of its
-    /// units, and those the outputs held before.
-    ///
-    /// # Safety
-    ///
-    /// `op` owns these units and still holds its write grants.
-    pub(super) unsafe fn hand_on(&self, op: &OpBlock) -> Returns {
-        let mut returns: Returns = self.demands.iter().map(|d| (d.pool, d.amount)).collect();
-        if self.failed.load(Relaxed) {
-            return returns;
-        }
-        for l in &self.lasting {
-            let resource = &self.resources[l.demand];
-            let var = &op.edges()[l.edge].var;
-            returns.as_mut_slice()[l.demand].1 -= l.amount;
-            // SAFETY: the op holds the write grant on `var` (allocations go
-            // to mutated variables only; checked at push).
-            if let Some(old) = unsafe { var.hold_units(resource, l.amount) } {
-                returns.push((resource.pool(), old));
-            }
-        }
-        returns
+    /// Every unit the op holds, as (pool, amount) pairs: what goes back if
+    /// nothing is handed on.
+    pub(super) fn returns(&self) -> Returns {
+        self.demands.iter().map(|d| (d.pool, d.amount)).collect()
     }
-}
 
-impl Request for Runner {
-    fn demands(&self) -> &[Demand] {
-        self.metadata().units().map_or(&[], OpUnits::as_request)
+    /// The resource of demand `i`.
+    pub(super) fn resource(&self, i: usize) -> &Resource {
+        &self.resources[i]
+    }
+
+    /// Whether the op failed (then nothing is handed on).
+    pub(super) fn is_failed(&self) -> bool {
+        self.failed.load(Relaxed)
     }
 }

@@ -1,0 +1,122 @@
+//! Pushing an op: spawning its task and linking it into its variables'
+//! chains (`launch`, and `link_all` for ops on several variables or with
+//! units). What follows is `lifecycle`'s.
+
+use super::block::{OpBlock, OpSpec, Runner};
+use super::body::Body;
+use super::future::OpFuture;
+use super::host::Host;
+use super::lifecycle::{ready, schedule};
+use super::reclaim;
+use super::stream_op::StreamOpFuture;
+use crate::core::few::Few;
+use crate::error::Error;
+
+/// The task of a pushed op: what its handle awaits.
+pub(crate) type OpTask<T> = async_task::Task<Result<T, Error>, OpBlock>;
+
+/// Spawns an op made of `spec` and `body` on `host`, and links it into its
+/// variables' chains: it runs as soon as its dependencies allow. Returns its
+/// task, which resolves to the body's result.
+#[inline]
+pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask<B::Output> {
+    let on_streams = spec.lane.is_some();
+    let block = OpBlock::new(spec, std::ptr::from_ref(host).cast());
+    let builder = async_task::Builder::new().metadata(block);
+    let schedule = async_task::WithInfo(schedule::<H>);
+    let (runner, task) = if on_streams {
+        builder.spawn(
+            move |op: &OpBlock| StreamOpFuture::<B, H>::new(op, body),
+            schedule,
+        )
+    } else {
+        builder.spawn(
+            move |op: &OpBlock| OpFuture::<B, H>::new(op, body),
+            schedule,
+        )
+    };
+    // SAFETY: `runner` was just spawned for this block and never scheduled.
+    unsafe { launch(runner, host) };
+    task
+}
+
+/// Links a freshly spawned op into its variables' chains, and makes it
+/// ready if nothing holds it back.
+///
+/// # Safety
+///
+/// `runner` comes straight from `spawn`: never scheduled, its edges never
+/// linked.
+#[inline]
+unsafe fn launch<H: Host>(runner: Runner, host: &H) {
+    let op: *const OpBlock = runner.metadata();
+    // SAFETY: the block lives in the task allocation, which `runner` keeps
+    // alive until it is parked in the countdown, and the anchor keeps alive
+    // from then on until every edge is released. Nothing else can see the
+    // block before its edges are linked, so the writes below are exclusive.
+    unsafe {
+        let this = &*op;
+        this.anchor.set(runner.waker());
+        for e in this.edges() {
+            e.edge.set_owner(op);
+        }
+        this.countdown.park(runner);
+        host.on_pushed(this);
+        let edges = this.edges();
+        if edges.len() == 1 && this.units().is_none() {
+            edges[0].var.chain.append(&edges[0].edge, host);
+        } else {
+            link_all(this, host);
+        }
+        // Release the pusher's guard; if every edge was granted meanwhile,
+        // the op is ready now.
+        if let Some(runner) = this.countdown.release() {
+            ready(this, runner, host);
+        }
+        // This thread frees the op once it is finished.
+        reclaim::adopt(this);
+    }
+}
+
+/// Links every edge under the host's push lock, so that all variables'
+/// chains see multi-variable ops in one global order (two pushers cannot
+/// interleave into opposite orders on two variables, which would be a
+/// wait-for cycle). An op with units draws its tickets in the same critical
+/// section, so ticket order agrees with that order too (see
+/// `core::tickets`). Granting, which may run ops inline, happens after the
+/// lock is dropped.
+///
+/// # Safety
+///
+/// As for [`launch`].
+unsafe fn link_all<H: Host>(op: &OpBlock, host: &H) {
+    let edges = op.edges();
+    // One bit per edge whose token this push took: the first 64 edges in a
+    // word, the rest (rare) a word per 64 more.
+    let mut first = 0u64;
+    let mut rest: Few<u64> = Few::from_fn(edges.len().saturating_sub(1) / 64, |_| 0);
+    {
+        let _order = host.push_lock().lock();
+        if let Some(units) = op.units() {
+            units.draw_tickets();
+        }
+        for (i, e) in edges.iter().enumerate() {
+            // SAFETY: forwarded from `launch`.
+            if unsafe { e.var.chain.link(&e.edge) } {
+                match i {
+                    0..64 => first |= 1 << i,
+                    _ => rest[i / 64 - 1] |= 1 << (i % 64),
+                }
+            }
+        }
+    }
+    for (w, &word) in std::iter::once(&first).chain(rest.iter()).enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let e = &edges[w * 64 + bits.trailing_zeros() as usize];
+            bits &= bits - 1;
+            // SAFETY: `link` handed us the token at this edge.
+            unsafe { e.var.chain.advance(&e.edge, host) };
+        }
+    }
+}
