@@ -40,11 +40,11 @@ pub struct Fence<E, F> {
     /// The lane (stream) of that device.
     lane: u8,
     state: AtomicU8,
-    inner: Mutex<Inner<F>>,
+    inner: Mutex<Outcome<F>>,
     event: E,
 }
 
-struct Inner<F> {
+struct Outcome<F> {
     waiters: Vec<Waker>,
     failure: Option<F>,
     /// The first error a host function of the op reported (see
@@ -60,7 +60,7 @@ impl<E, F: Clone> Fence<E, F> {
             device,
             lane,
             state: AtomicU8::new(PENDING),
-            inner: Mutex::new(Inner {
+            inner: Mutex::new(Outcome {
                 waiters: Vec::new(),
                 failure: None,
                 fault: None,
@@ -69,8 +69,8 @@ impl<E, F: Clone> Fence<E, F> {
         }
     }
 
-    /// The device the work runs on.
-    pub fn device(&self) -> u16 {
+    /// The index of the device the work runs on.
+    pub fn device_index(&self) -> u16 {
         self.device
     }
 
@@ -172,7 +172,7 @@ impl<E, F: Clone> Fence<E, F> {
         }
     }
 
-    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, Inner<F>> {
+    fn lock(&self) -> crate::loom::sync::MutexGuard<'_, Outcome<F>> {
         self.inner.lock()
     }
 }

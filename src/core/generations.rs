@@ -46,16 +46,16 @@ pub type Generation = u8;
 
 /// Ops in flight, counted in two generations (see the module docs).
 pub struct Generations {
-    /// Generation of new ops: 0 or 1. Written only under `queue`'s lock.
+    /// Generation of new ops: 0 or 1. Written only under `waiters`' lock.
     current: AtomicUsize,
     /// Each on its own cache line: pushers and completing workers hammer
     /// them.
     count: [CachePadded<AtomicUsize>; 2],
-    queue: Mutex<Queue>,
+    waiters: Mutex<Waiters>,
 }
 
 #[derive(Default)]
-struct Queue {
+struct Waiters {
     /// The generation being drained.
     draining: Option<usize>,
     /// Waiting for the generation being drained.
@@ -69,7 +69,7 @@ impl Default for Generations {
         Self {
             current: AtomicUsize::new(0),
             count: Default::default(),
-            queue: Mutex::new(Queue::default()),
+            waiters: Mutex::new(Waiters::default()),
         }
     }
 }
@@ -114,7 +114,7 @@ impl Generations {
     /// has been counted out.
     pub fn wait(&self) -> Arc<Signal> {
         let signal = Arc::new(Signal::default());
-        self.queue.lock().next.push(signal.clone());
+        self.waiters.lock().next.push(signal.clone());
         self.settle();
         signal
     }
@@ -125,26 +125,26 @@ impl Generations {
     fn settle(&self) {
         let mut fired = Vec::new();
         {
-            let mut queue = self.queue.lock();
+            let mut waiters = self.waiters.lock();
             loop {
-                if let Some(g) = queue.draining {
+                if let Some(g) = waiters.draining {
                     if self.count[g].load(Acquire) >= ONE {
                         break; // the op that empties it calls us again
                     }
                     self.count[g].fetch_and(!DRAINING, AcqRel);
-                    queue.draining = None;
-                    fired.append(&mut queue.now);
+                    waiters.draining = None;
+                    fired.append(&mut waiters.now);
                 }
-                if queue.next.is_empty() {
+                if waiters.next.is_empty() {
                     break;
                 }
-                let queue = &mut *queue;
-                std::mem::swap(&mut queue.now, &mut queue.next);
+                let waiters = &mut *waiters;
+                std::mem::swap(&mut waiters.now, &mut waiters.next);
                 // Close the current generation: new ops go to the other one.
                 let closed = self.current.load(Acquire);
                 self.current.store(1 - closed, Release);
                 self.count[closed].fetch_or(DRAINING, AcqRel);
-                queue.draining = Some(closed);
+                waiters.draining = Some(closed);
             }
         }
         for signal in fired {

@@ -225,9 +225,9 @@ impl OpBlock {
         self.priority
     }
 
-    /// The index of the op's device in its engine.
+    /// The index of the op's device among its engine's devices.
     #[inline]
-    pub(crate) fn device(&self) -> u16 {
+    pub(crate) fn device_index(&self) -> u16 {
         self.device
     }
 

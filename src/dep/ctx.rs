@@ -311,7 +311,7 @@ impl OpCtx {
 
     /// The device the op runs on.
     pub fn device(&self) -> Device {
-        Device::new(self.engine, self.op().device())
+        Device::new(self.engine, self.op().device_index())
     }
 
     /// The stream to enqueue the op's work on, for an op on a stream device

@@ -76,12 +76,12 @@ impl OpBlock {
 
     /// Ready once every fence this op must wait for on the host is done:
     /// all of them for a host op (`device` None), those of other devices
-    /// for an op on stream device `device`.
-    pub(super) fn await_fences(&self, cx: &mut Context<'_>, device: Option<u16>) -> Poll<()> {
+    /// for an op on stream device number `device_index`.
+    pub(super) fn await_fences(&self, cx: &mut Context<'_>, device_index: Option<u16>) -> Poll<()> {
         let mut waiting = false;
         for e in self.edges() {
             e.var.fences().for_each_pending(e.is_write(), |f, _| {
-                if Some(f.device()) != device && f.poll_done(cx).is_pending() {
+                if Some(f.device_index()) != device_index && f.poll_done(cx).is_pending() {
                     waiting = true;
                 }
             });

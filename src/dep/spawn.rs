@@ -1,5 +1,5 @@
 //! Pushing an op: spawning its task and linking it into its variables'
-//! chains (`launch`, and `link_all` for ops on several variables or with
+//! chains (`link_in`, and `link_all` for ops on several variables or with
 //! units). What follows is `lifecycle`'s.
 
 use super::block::{OpBlock, OpSpec, Runner};
@@ -36,7 +36,7 @@ pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask
         )
     };
     // SAFETY: `runner` was just spawned for this block and never scheduled.
-    unsafe { launch(runner, host) };
+    unsafe { link_in(runner, host) };
     task
 }
 
@@ -48,7 +48,7 @@ pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask
 /// `runner` comes straight from `spawn`: never scheduled, its edges never
 /// linked.
 #[inline]
-unsafe fn launch<H: Host>(runner: Runner, host: &H) {
+unsafe fn link_in<H: Host>(runner: Runner, host: &H) {
     let op: *const OpBlock = runner.metadata();
     // SAFETY: the block lives in the task allocation, which `runner` keeps
     // alive until it is parked in the countdown, and the anchor keeps alive
@@ -88,7 +88,7 @@ unsafe fn launch<H: Host>(runner: Runner, host: &H) {
 ///
 /// # Safety
 ///
-/// As for [`launch`].
+/// As for [`link_in`].
 unsafe fn link_all<H: Host>(op: &OpBlock, host: &H) {
     let edges = op.edges();
     // One bit per edge whose token this push took: the first 64 edges in a
@@ -101,7 +101,7 @@ unsafe fn link_all<H: Host>(op: &OpBlock, host: &H) {
             units.draw_tickets();
         }
         for (i, e) in edges.iter().enumerate() {
-            // SAFETY: forwarded from `launch`.
+            // SAFETY: forwarded from `link_in`.
             if unsafe { e.var.chain.link(&e.edge) } {
                 match i {
                     0..64 => first |= 1 << i,

@@ -42,7 +42,7 @@ impl OpBlock {
         let mut failed = None;
         for e in self.edges() {
             e.var.fences().for_each_pending(e.is_write(), |f, write| {
-                if f.device() != device.index {
+                if f.device_index() != device.index {
                     return;
                 }
                 // Same lane: the stream's order is enough. (A done fence here
@@ -146,7 +146,7 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
         // the op is pending while it runs.
         let (op, host) = unsafe { (&*this.op, host::<H>(&*this.op)) };
         if let Stage::Start = this.stage {
-            if op.await_fences(cx, Some(op.device())).is_pending() {
+            if op.await_fences(cx, Some(op.device_index())).is_pending() {
                 return Poll::Pending;
             }
             if op.blocked_by(true).is_some() {
@@ -207,7 +207,7 @@ fn enqueue<B: Body, H: Host>(
     cx: &mut Context<'_>,
 ) -> Result<Stage<B::Output>, Error> {
     let device = host
-        .stream_device(op.device())
+        .stream_device(op.device_index())
         .expect("a stream op on a stream device");
     let lane = op.lane().expect("a stream op has a lane");
     let prepared = device.backend.new_event().and_then(|event| {

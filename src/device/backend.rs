@@ -20,10 +20,10 @@ pub(crate) enum Event {
 pub(crate) struct Backend {
     /// Compute lanes; the two copy lanes follow them.
     pub(crate) compute: usize,
-    pub(crate) kind: Kind,
+    pub(crate) gpu: Gpu,
 }
 
-pub(crate) enum Kind {
+pub(crate) enum Gpu {
     Sim(sim::SimGpu),
     #[cfg(feature = "cuda")]
     Cuda(cuda::CudaGpu),
@@ -31,22 +31,22 @@ pub(crate) enum Kind {
 
 impl Backend {
     pub(crate) fn new_event(&self) -> Result<Event, String> {
-        match &self.kind {
-            Kind::Sim(_) => Ok(Event::Sim(Arc::default())),
+        match &self.gpu {
+            Gpu::Sim(_) => Ok(Event::Sim(Arc::default())),
             #[cfg(feature = "cuda")]
-            Kind::Cuda(gpu) => gpu.new_event().map(Event::Cuda),
+            Gpu::Cuda(gpu) => gpu.new_event().map(Event::Cuda),
         }
     }
 
     /// Records `event` after the work enqueued on `lane` so far.
     pub(crate) fn record(&self, lane: u8, event: &Event) -> Result<(), String> {
-        match (&self.kind, event) {
-            (Kind::Sim(gpu), Event::Sim(e)) => {
+        match (&self.gpu, event) {
+            (Gpu::Sim(gpu), Event::Sim(e)) => {
                 gpu.signal(lane, e.clone());
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            (Kind::Cuda(gpu), Event::Cuda(e)) => gpu.record(lane, e),
+            (Gpu::Cuda(gpu), Event::Cuda(e)) => gpu.record(lane, e),
             #[cfg(feature = "cuda")]
             _ => unreachable!("an event of another device"),
         }
@@ -54,13 +54,13 @@ impl Backend {
 
     /// Makes `lane`'s later work wait for `event` (on the device).
     pub(crate) fn wait(&self, lane: u8, event: &Event) -> Result<(), String> {
-        match (&self.kind, event) {
-            (Kind::Sim(gpu), Event::Sim(e)) => {
+        match (&self.gpu, event) {
+            (Gpu::Sim(gpu), Event::Sim(e)) => {
                 gpu.wait(lane, e.clone());
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            (Kind::Cuda(gpu), Event::Cuda(e)) => gpu.wait(lane, e),
+            (Gpu::Cuda(gpu), Event::Cuda(e)) => gpu.wait(lane, e),
             #[cfg(feature = "cuda")]
             _ => unreachable!("an event of another device"),
         }
@@ -83,25 +83,25 @@ impl Backend {
 
     /// Runs `f` on the host once `lane` reaches it.
     pub(crate) fn enqueue_host(&self, lane: u8, f: Box<dyn FnOnce() + Send>) -> Result<(), String> {
-        match &self.kind {
-            Kind::Sim(gpu) => {
+        match &self.gpu {
+            Gpu::Sim(gpu) => {
                 gpu.run(lane, f);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Kind::Cuda(gpu) => gpu.enqueue_host(lane, f),
+            Gpu::Cuda(gpu) => gpu.enqueue_host(lane, f),
         }
     }
 
     pub(crate) fn is_simulated(&self) -> bool {
-        matches!(self.kind, Kind::Sim(_))
+        matches!(self.gpu, Gpu::Sim(_))
     }
 
     pub(crate) fn shutdown(&self) {
-        match &self.kind {
-            Kind::Sim(gpu) => gpu.shutdown(),
+        match &self.gpu {
+            Gpu::Sim(gpu) => gpu.shutdown(),
             #[cfg(feature = "cuda")]
-            Kind::Cuda(gpu) => gpu.shutdown(),
+            Gpu::Cuda(gpu) => gpu.shutdown(),
         }
     }
 }

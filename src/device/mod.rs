@@ -20,7 +20,7 @@ pub(crate) mod sim;
 use std::fmt;
 use std::sync::Arc;
 
-use self::backend::Kind;
+use self::backend::Gpu;
 pub(crate) use self::backend::{Backend, Event};
 use self::poller::Poller;
 use crate::error::{Error, OpFailure};
@@ -172,9 +172,9 @@ impl Stream {
     /// copies on it. The engine orders them with the other ops' work.
     #[cfg(feature = "cuda")]
     pub fn cuda(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
-        match &self.backend.kind {
-            Kind::Cuda(gpu) => Some(gpu.stream(self.lane)),
-            Kind::Sim(_) => None,
+        match &self.backend.gpu {
+            Gpu::Cuda(gpu) => Some(gpu.stream(self.lane)),
+            Gpu::Sim(_) => None,
         }
     }
 }
@@ -232,14 +232,14 @@ impl StreamDevice {
         }
         let lanes = compute + 2;
         let wake = poller::Wake::new();
-        let kind = match spec {
+        let gpu = match spec {
             Spec::Sim { .. } => {
-                Kind::Sim(sim::SimGpu::new(name, lanes, wake.nudger()).map_err(|e| e.to_string())?)
+                Gpu::Sim(sim::SimGpu::new(name, lanes, wake.nudger()).map_err(|e| e.to_string())?)
             }
             #[cfg(feature = "cuda")]
-            Spec::Cuda { ordinal, .. } => Kind::Cuda(cuda::CudaGpu::new(*ordinal, lanes)?),
+            Spec::Cuda { ordinal, .. } => Gpu::Cuda(cuda::CudaGpu::new(*ordinal, lanes)?),
         };
-        let backend = Arc::new(Backend { compute, kind });
+        let backend = Arc::new(Backend { compute, gpu });
         let poller =
             Poller::start(name, lanes, backend.clone(), wake).map_err(|e| e.to_string())?;
         Ok(Self {

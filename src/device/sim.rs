@@ -58,14 +58,14 @@ enum Item {
 }
 
 #[derive(Default)]
-struct Queue {
+struct LaneQueue {
     items: VecDeque<Item>,
     stop: bool,
 }
 
 #[derive(Default)]
 struct Lane {
-    queue: crate::loom::sync::Mutex<Queue>,
+    queue: crate::loom::sync::Mutex<LaneQueue>,
     ready: crate::loom::sync::Condvar,
 }
 

@@ -502,7 +502,7 @@ impl Engine {
         name: &'static str,
         mode: Mode,
     ) -> Result<OpHandle<B::Output>, Error> {
-        self.launch(
+        self.push_spec(
             OpSpec {
                 edges,
                 units: None,
@@ -520,7 +520,7 @@ impl Engine {
     /// Admits an op (refused after shutdown), spawns it and links it into
     /// its variables' chains.
     #[inline]
-    pub(super) fn launch<B: Body>(
+    pub(super) fn push_spec<B: Body>(
         &self,
         mut spec: OpSpec,
         body: B,

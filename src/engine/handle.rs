@@ -138,10 +138,10 @@ impl<T> std::fmt::Debug for OpHandle<T> {
 /// ```
 #[must_use = "a Wait does nothing unless awaited or waited on"]
 pub struct Wait {
-    inner: Inner,
+    inner: WaitFor,
 }
 
-enum Inner {
+enum WaitFor {
     Ready(Option<Result<(), Error>>),
     Op(OpHandle<()>),
     Drain {
@@ -154,19 +154,19 @@ enum Inner {
 impl Wait {
     pub(crate) fn ready(result: Result<(), Error>) -> Self {
         Self {
-            inner: Inner::Ready(Some(result)),
+            inner: WaitFor::Ready(Some(result)),
         }
     }
 
     pub(crate) fn op(handle: OpHandle<()>) -> Self {
         Self {
-            inner: Inner::Op(handle),
+            inner: WaitFor::Op(handle),
         }
     }
 
     pub(crate) fn drain(signal: Arc<Signal>, shared: Arc<Shared>, report_failures: bool) -> Self {
         Self {
-            inner: Inner::Drain {
+            inner: WaitFor::Drain {
                 signal,
                 shared,
                 report_failures,
@@ -176,9 +176,9 @@ impl Wait {
 
     fn is_ready(&self) -> bool {
         match &self.inner {
-            Inner::Ready(_) => true,
-            Inner::Op(h) => h.is_finished(),
-            Inner::Drain { signal, .. } => signal.is_fired(),
+            WaitFor::Ready(_) => true,
+            WaitFor::Op(h) => h.is_finished(),
+            WaitFor::Drain { signal, .. } => signal.is_fired(),
         }
     }
 
@@ -198,11 +198,11 @@ impl Future for Wait {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.inner {
-            Inner::Ready(result) => {
+            WaitFor::Ready(result) => {
                 Poll::Ready(result.take().expect("Wait polled after completion"))
             }
-            Inner::Op(handle) => Pin::new(handle).poll(cx),
-            Inner::Drain {
+            WaitFor::Op(handle) => Pin::new(handle).poll(cx),
+            WaitFor::Drain {
                 signal,
                 shared,
                 report_failures,

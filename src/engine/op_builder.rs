@@ -277,7 +277,7 @@ impl<'a> OpBuilder<'a> {
         T: Send + 'static,
         E: Into<BoxError>,
     {
-        self.launch(SyncBody(Some(f)))
+        self.push(SyncBody(Some(f)))
     }
 
     /// Pushes the op with an asynchronous body; see [`Engine::push_async`].
@@ -292,12 +292,12 @@ impl<'a> OpBuilder<'a> {
         T: Send + 'static,
         E: Into<BoxError>,
     {
-        self.launch(AsyncBody::new(f))
+        self.push(AsyncBody::new(f))
     }
 
     /// Checks the declaration and pushes the op.
     #[inline]
-    fn launch<B: Body>(mut self, body: B) -> Result<OpHandle<B::Output>, Error> {
+    fn push<B: Body>(mut self, body: B) -> Result<OpHandle<B::Output>, Error> {
         let engine = self.engine;
         let device = self.device_index()?;
         if let Some(e) = self.invalid {
@@ -324,7 +324,7 @@ impl<'a> OpBuilder<'a> {
             r.merge_lasting();
         }
         let lane = self.lane_index::<B>(device)?;
-        engine.launch(
+        engine.push_spec(
             OpSpec {
                 edges,
                 units: self.units,

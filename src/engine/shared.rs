@@ -155,7 +155,7 @@ impl Host for Shared {
 
     #[inline]
     fn dispatch(&self, op: Runner, yielded: bool) {
-        let device = usize::from(op.metadata().device());
+        let device = usize::from(op.metadata().device_index());
         self.devices[device].exec.schedule(op, yielded);
     }
 
