@@ -180,5 +180,8 @@ pub mod __loom {
     pub use crate::core::generations::{Generations, Signal};
     pub use crate::core::room::Room;
     pub use crate::core::tickets::{Broker, Demand, Granted, Request};
+    pub use crate::dep::testing::{
+        Handle, Harness, Hook, exit_thread, holds_pushed_ops, reclaim_finished,
+    };
     pub use crate::device::sim::SimEvent;
 }

@@ -1,160 +1,392 @@
-//! Loom models of ops on several variables: multi-variable pushes, poison
-//! passing down, delete after pending reads.
+//! Loom models of the real ops (`src/dep/`): pushed through a no-op host
+//! (`Harness`), run on model threads, with the engine's own blocks, chains,
+//! countdowns, anchors, lifecycle, poison and reclamation lists. Only the
+//! host is a stand-in: it queues what the ops dispatch until a model thread
+//! runs it.
+//!
+//! The variables hold a loom cell, so that loom checks every access the
+//! grants are meant to order; and a drop counter, so that a model sees its
+//! ops freed (the last reference to a variable whose handle was dropped is
+//! its last op's): exactly once, after every access.
+//!
+//! A thread that pushed ops ends with `exit_thread()`, what its exit does to
+//! the ops it has not freed (`Adopted`'s destructor): loom does not order a
+//! thread-local's destructor before `join`, so a model could not see those
+//! frees otherwise.
 #![cfg(loom)]
 
-mod common;
-
-use common::{Data, Op, assert_clean, chain};
+use depflow::__loom::{Harness, exit_thread, holds_pushed_ops, reclaim_finished};
+use depflow::Error;
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicUsize, Ordering::AcqRel};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
-const LIVE: u64 = 0;
-const POISONED: u64 = 99;
-const DELETED: u64 = 77;
+/// A variable's value: a cell loom watches, and a count of drops.
+struct Cell {
+    value: UnsafeCell<u64>,
+    drops: Arc<AtomicUsize>,
+}
 
-/// Two threads push ops on the same two variables in opposite roles,
-/// `(read A, mutate B)` and `(mutate A, read B)`, linking under the engine's
-/// push lock and granting after it. Whatever the interleaving, both run: no
-/// wait-for cycle.
+// SAFETY: the value is reached only through an op's context, under the
+// grants the models check; loom flags any access they do not order.
+unsafe impl Sync for Cell {}
+
+impl Cell {
+    fn new(value: u64, drops: &Arc<AtomicUsize>) -> Self {
+        Self {
+            value: UnsafeCell::new(value),
+            drops: drops.clone(),
+        }
+    }
+
+    fn get(&self) -> u64 {
+        // SAFETY: see `Sync` above.
+        self.value.with(|p| unsafe { *p })
+    }
+
+    fn set(&self, v: u64) {
+        // SAFETY: see `Sync` above.
+        self.value.with_mut(|p| unsafe { *p = v })
+    }
+}
+
+impl Drop for Cell {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, AcqRel);
+    }
+}
+
+fn drops() -> Arc<AtomicUsize> {
+    Arc::new(AtomicUsize::new(0))
+}
+
+/// Ends a model: the main thread frees the ops it pushed; other threads
+/// freed theirs when they exited (joined before).
+fn finish_model(h: &Harness, ops: usize, drops: &AtomicUsize, vars: usize) {
+    assert_eq!(h.retired(), ops, "every op retires once");
+    reclaim_finished();
+    assert!(!holds_pushed_ops(), "the main thread freed all it pushed");
+    assert_eq!(
+        drops.load(AcqRel),
+        vars,
+        "every variable freed once, with the last op on it"
+    );
+}
+
+/// A write is running on a worker while another thread pushes a read of its
+/// variable (appending behind it as it completes). The read runs after the
+/// write, sees its value; each pusher frees its op (the main thread after
+/// the write, the other thread once its read finished).
 #[test]
-fn concurrent_multi_variable_pushes() {
+fn a_read_appended_while_the_write_ahead_completes() {
     loom::model(|| {
-        let (a, b) = (chain(), chain());
-        let lock = Arc::new(Mutex::new(()));
-        let (da, db) = (Data::new(), Data::new());
-        // Edge 0 on A, edge 1 on B.
-        let m1 = Op::new(&[false, true]);
-        let m2 = Op::new(&[true, false]);
-        let push = |op: Arc<Op>| {
-            let (a, b, lock, da, db) = (a.clone(), b.clone(), lock.clone(), da.clone(), db.clone());
-            thread::spawn(move || {
-                let (ta, tb) = {
-                    let _order = lock.lock().unwrap();
-                    (op.link(&a, 0), op.link(&b, 1))
-                };
-                if ta {
-                    op.advance(&a, 0);
-                }
-                if tb {
-                    op.advance(&b, 1);
-                }
-                op.launch();
-                op.wait_ready();
-                // Touch the data the way the declaration allows.
-                let (writes_a, writes_b) = (op_writes(&op, 0), op_writes(&op, 1));
-                if writes_a {
-                    da.write(1)
-                } else {
-                    let _ = da.read();
-                }
-                if writes_b {
-                    db.write(1)
-                } else {
-                    let _ = db.read();
-                }
-                op.complete(&a, 0);
-                op.complete(&b, 1);
+        let h = Harness::new();
+        let dropped = drops();
+        let a = h.var(Cell::new(0, &dropped));
+        let ka = a.key();
+        let write = h
+            .push("write", &[], &[&a], move |ctx| {
+                ctx.write(ka)?.set(1);
+                Ok::<_, Error>(())
             })
-        };
-        let t1 = push(m1.clone());
-        let t2 = push(m2.clone());
-        t1.join().unwrap();
-        t2.join().unwrap();
-        assert_clean(&[&m1, &m2]);
+            .unwrap();
+        let worker = thread::spawn({
+            let h = h.clone();
+            move || {
+                h.run_next();
+                h.run_next();
+            }
+        });
+        let reader = thread::spawn({
+            let (h, a) = (h.clone(), a.clone());
+            move || {
+                let read = h
+                    .push("read", &[&a], &[], move |ctx| {
+                        Ok::<_, Error>(ctx.read(ka)?.get())
+                    })
+                    .unwrap();
+                assert_eq!(read.wait().unwrap(), 1, "the read ran before the write");
+                exit_thread();
+            }
+        });
+        drop(a);
+        write.wait().unwrap();
+        worker.join().unwrap();
+        reader.join().unwrap();
+        finish_model(&h, 2, &dropped, 1);
     });
 }
 
-fn op_writes(op: &Op, i: usize) -> bool {
-    op.is_write(i)
-}
-
-/// W1 on A fails and poisons A; X (read A, mutate B), pushed from another
-/// thread, sees the poison and passes it to B; Y (read B) sees it too.
+/// Two threads push `(read A, mutate B)` and `(mutate A, read B)` at once:
+/// both link under the push lock, so every chain sees them in one order, and
+/// both run (no wait-for cycle), with the results of one serial order.
 #[test]
-fn poison_passes_down() {
-    loom::model(|| {
-        let (a, b) = (chain(), chain());
-        let (state_a, state_b) = (Data::new(), Data::new());
-        let w1 = Op::new(&[true]);
-        w1.push1(&a);
-        let x = Op::new(&[false, true]);
-        let y = Op::new(&[false]);
-        let pusher = thread::spawn({
-            let (a, b, x, y) = (a.clone(), b.clone(), x.clone(), y.clone());
-            move || {
-                x.append(&a, 0);
-                x.append(&b, 1);
-                x.launch();
-                y.push1(&b);
-            }
-        });
-        let runner = thread::spawn({
-            let (a, b, x, state_a, state_b) = (
-                a.clone(),
-                b.clone(),
-                x.clone(),
-                state_a.clone(),
-                state_b.clone(),
-            );
-            move || {
-                x.wait_ready();
-                if state_a.read() == POISONED {
-                    state_b.write(POISONED);
-                }
-                x.complete(&a, 0);
-                x.complete(&b, 1);
-            }
-        });
-        // W1 fails: it poisons what it mutates.
-        state_a.write(POISONED);
-        w1.complete(&a, 0);
-        pusher.join().unwrap();
-        y.wait_ready();
-        assert_eq!(state_b.read(), POISONED, "poison did not pass down");
-        y.complete(&b, 0);
-        runner.join().unwrap();
-        assert_clean(&[&w1, &x, &y]);
-    });
-}
-
-/// Two reads are in flight when a delete (a write that marks the variable
-/// deleted) is pushed, and another thread pushes a read behind it: the delete
-/// waits for both reads, and the late read sees the variable deleted.
-#[test]
-fn delete_after_pending_reads() {
-    loom::model(|| {
-        let a = chain();
-        let state = Data::new();
-        let (r1, r2) = (Op::new(&[false]), Op::new(&[false]));
-        r1.push1(&a);
-        r2.push1(&a);
-        let readers: Vec<_> = [r1.clone(), r2.clone()]
+fn ops_on_two_variables_pushed_at_once_agree_on_an_order() {
+    // Two pushers and a worker over two chains: bounded tighter than the
+    // CI-wide LOOM_MAX_PREEMPTIONS to stay affordable.
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(2);
+    model.check(|| {
+        let h = Harness::new();
+        let dropped = drops();
+        let (a, b) = (h.var(Cell::new(0, &dropped)), h.var(Cell::new(0, &dropped)));
+        let (ka, kb) = (a.key(), b.key());
+        let pushers: Vec<_> = [true, false]
             .into_iter()
-            .map(|r| {
-                let (a, state) = (a.clone(), state.clone());
+            .map(|a_to_b| {
+                let (h, a, b) = (h.clone(), a.clone(), b.clone());
                 thread::spawn(move || {
-                    assert_eq!(state.read(), LIVE, "a read ran after the delete");
-                    r.complete(&a, 0);
+                    let (from, to): (&dyn depflow::AnyVar, &dyn depflow::AnyVar) =
+                        if a_to_b { (&a, &b) } else { (&b, &a) };
+                    h.push("cross", &[from], &[to], move |ctx| {
+                        if a_to_b {
+                            let v = ctx.read(ka)?.get();
+                            ctx.write(kb)?.set(v + 10);
+                        } else {
+                            let v = ctx.read(kb)?.get();
+                            ctx.write(ka)?.set(v + 100);
+                        }
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap()
+                    .detach();
+                    exit_thread();
                 })
             })
             .collect();
-        let delete = Op::new(&[true]);
-        delete.push1(&a);
-        let late = Op::new(&[false]);
-        let pusher = thread::spawn({
-            let (a, late) = (a.clone(), late.clone());
-            move || late.push1(&a)
+        let worker = thread::spawn({
+            let h = h.clone();
+            move || {
+                h.run_next();
+                h.run_next();
+            }
         });
-        delete.wait_ready();
-        state.write(DELETED);
-        delete.complete(&a, 0);
-        pusher.join().unwrap();
-        late.wait_ready();
-        assert_eq!(state.read(), DELETED);
-        late.complete(&a, 0);
-        for r in readers {
-            r.join().unwrap();
+        for p in pushers {
+            p.join().unwrap();
         }
-        assert_clean(&[&r1, &r2, &delete, &late]);
+        worker.join().unwrap();
+        let check = h
+            .push("check", &[&a, &b], &[], move |ctx| {
+                Ok::<_, Error>((ctx.read(ka)?.get(), ctx.read(kb)?.get()))
+            })
+            .unwrap();
+        assert!(h.run_one());
+        let values = check.wait().unwrap();
+        assert!(
+            values == (110, 10) || values == (100, 110),
+            "not a serial order: {values:?}"
+        );
+        drop((a, b));
+        finish_model(&h, 3, &dropped, 2);
+    });
+}
+
+/// A write of A fails on a worker while another thread pushes X (read A,
+/// mutate B) and Y (read B): neither body runs; both resolve to the write's
+/// failure, which poisons B in turn and is reported once.
+#[test]
+fn poison_passes_down_while_ops_are_pushed() {
+    // Three ops over two chains on three threads: LOOM_MAX_PREEMPTIONS=4
+    // takes over 8 minutes on 2 cores; 2 keeps it in seconds.
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(2);
+    model.check(|| {
+        let h = Harness::new();
+        let dropped = drops();
+        let (a, b) = (h.var(Cell::new(0, &dropped)), h.var(Cell::new(0, &dropped)));
+        let failing = h
+            .push("load", &[], &[&a], |_| Err::<(), _>("disk full"))
+            .unwrap();
+        let pusher = thread::spawn({
+            let (h, a, b) = (h.clone(), a.clone(), b.clone());
+            move || {
+                let never =
+                    |_: &depflow::OpCtx| -> Result<(), Error> { panic!("a skipped op's body ran") };
+                let x = h.push("x", &[&a], &[&b], never).unwrap();
+                let y = h.push("y", &[&b], &[], never).unwrap();
+                for skipped in [x, y] {
+                    match skipped.wait() {
+                        Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+                        other => panic!("{other:?}"),
+                    }
+                }
+                exit_thread();
+            }
+        });
+        let worker = thread::spawn({
+            let h = h.clone();
+            move || {
+                for _ in 0..3 {
+                    h.run_next();
+                }
+            }
+        });
+        drop((a, b));
+        assert!(matches!(failing.wait(), Err(Error::Failed(_))));
+        pusher.join().unwrap();
+        worker.join().unwrap();
+        assert_eq!(h.failures(), [Some("load".to_string())]);
+        finish_model(&h, 3, &dropped, 2);
+    });
+}
+
+/// Two reads of A are in flight when A is deleted, while another thread
+/// pushes a late read. The delete runs after both reads and recycles the
+/// value; the late read is refused at push, or runs before the delete, or
+/// resolves to `Deleted` without running.
+#[test]
+fn delete_after_reads_in_flight_and_a_late_read() {
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(|| {
+        let h = Harness::new();
+        let dropped = drops();
+        let a = h.var(Cell::new(7, &dropped));
+        let ka = a.key();
+        let read = move |ctx: &depflow::OpCtx| Ok::<_, Error>(ctx.read(ka)?.get());
+        let reads = [
+            h.push("r1", &[&a], &[], read).unwrap(),
+            h.push("r2", &[&a], &[], read).unwrap(),
+        ];
+        let readers = thread::spawn({
+            let h = h.clone();
+            move || {
+                h.run_next();
+                h.run_next();
+            }
+        });
+        let late = thread::spawn({
+            let (h, a) = (h.clone(), a.clone());
+            move || {
+                let late = h.push("late", &[&a], &[], read);
+                let pushed = late.is_ok();
+                if let Ok(late) = late {
+                    match late.wait() {
+                        Ok(v) => assert_eq!(v, 7, "read after the value was recycled"),
+                        Err(Error::Deleted(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                exit_thread();
+                pushed
+            }
+        });
+        let recycled = Arc::new(Mutex::new(None));
+        let delete = h
+            .delete(&a, {
+                let recycled = recycled.clone();
+                move |cell: Cell| {
+                    cell.set(0); // recycled: after every read
+                    *recycled.lock().unwrap() = Some(cell);
+                }
+            })
+            .unwrap();
+        let late_pushed = late.join().unwrap();
+        // The worker runs two of the reads; the delete (and a late read
+        // that got in) run here.
+        for _ in 0..1 + usize::from(late_pushed) {
+            h.run_next();
+        }
+        readers.join().unwrap();
+        for r in reads {
+            assert_eq!(r.wait().unwrap(), 7);
+        }
+        delete.wait().unwrap();
+        drop(a);
+        drop(recycled.lock().unwrap().take());
+        finish_model(&h, 3 + usize::from(late_pushed), &dropped, 1);
+    });
+}
+
+/// An async op's context escapes its future to another thread, which
+/// writes through it and then drops it, racing the future's completion.
+/// The next op on the variable waits for both: it sees the late write.
+#[test]
+fn a_leased_context_holds_the_grants_until_dropped() {
+    loom::model(|| {
+        let h = Harness::new();
+        let dropped = drops();
+        let a = h.var(Cell::new(0, &dropped));
+        let ka = a.key();
+        let stash = Arc::new(Mutex::new(None));
+        h.push_async("lease", &[], &[&a], {
+            let stash = stash.clone();
+            move |ctx| async move {
+                ctx.write(ka)?.set(1);
+                *stash.lock().unwrap() = Some(ctx);
+                Ok::<_, Error>(())
+            }
+        })
+        .unwrap()
+        .detach();
+        let next = h
+            .push("next", &[&a], &[], move |ctx| {
+                Ok::<_, Error>(ctx.read(ka)?.get())
+            })
+            .unwrap();
+        let holder = thread::spawn({
+            let stash = stash.clone();
+            move || {
+                let ctx = loop {
+                    if let Some(ctx) = stash.lock().unwrap().take() {
+                        break ctx;
+                    }
+                    thread::yield_now();
+                };
+                ctx.write(ka).unwrap().set(2);
+                drop(ctx);
+            }
+        });
+        let worker = thread::spawn({
+            let h = h.clone();
+            move || {
+                h.run_next();
+                h.run_next();
+            }
+        });
+        assert_eq!(
+            next.wait().unwrap(),
+            2,
+            "granted before the lease was dropped"
+        );
+        holder.join().unwrap();
+        worker.join().unwrap();
+        drop(a);
+        finish_model(&h, 2, &dropped, 1);
+    });
+}
+
+/// A thread pushes an op and exits while a worker runs it: the thread's
+/// reclamation list orphans the op (or frees it, if already finished), and
+/// the op is freed exactly once, after its last access, by whoever is last.
+#[test]
+fn a_pusher_exits_while_its_op_runs() {
+    loom::model(|| {
+        let h = Harness::new();
+        let dropped = drops();
+        let a = h.var(Cell::new(0, &dropped));
+        let ka = a.key();
+        let pusher = thread::spawn({
+            let h = h.clone();
+            move || {
+                h.push("orphan", &[], &[&a], move |ctx| {
+                    ctx.write(ka)?.set(1);
+                    Ok::<_, Error>(())
+                })
+                .unwrap()
+                .detach();
+                // Exits with the op in its list, perhaps unfinished; `a`
+                // goes with it.
+                exit_thread();
+            }
+        });
+        let worker = thread::spawn({
+            let h = h.clone();
+            move || h.run_next()
+        });
+        pusher.join().unwrap();
+        worker.join().unwrap();
+        finish_model(&h, 1, &dropped, 1);
     });
 }

@@ -89,8 +89,8 @@ pub(crate) struct OpSpec {
     pub(crate) edges: Edges,
     pub(crate) units: Option<Box<OpUnits>>,
     pub(crate) name: Option<Cow<'static, str>>,
-    /// The index of its device in the engine.
-    pub(crate) device: u16,
+    /// The index of its device among the engine's devices.
+    pub(crate) device_index: u16,
     /// Its lane, on a stream device.
     pub(crate) lane: Option<u8>,
     pub(crate) priority: i32,
@@ -162,7 +162,7 @@ impl OpBlock {
                 + (lane << LANE_SHIFT),
             next_adopted: UnsafeCell::new(std::ptr::null()),
             holders: AtomicU8::new(0),
-            device: spec.device,
+            device: spec.device_index,
             priority: spec.priority,
             host,
             name: spec.name.map(|n| match n {

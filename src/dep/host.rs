@@ -9,12 +9,21 @@
 //! host (`testing`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::block::{OpBlock, Runner};
 use crate::core::tickets::Demand;
 use crate::device::StreamDevice;
 use crate::error::OpFailure;
 use crate::loom::sync::Mutex;
+
+/// A new host id, unique in the process (whatever the host's type): a
+/// variable carries its host's, and ops may declare only their own host's
+/// variables (`decl`), so that all ops in one chain share one host.
+pub(crate) fn new_host_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Relaxed)
+}
 
 /// What an op needs from the engine it was pushed to.
 ///
@@ -23,8 +32,8 @@ use crate::loom::sync::Mutex;
 /// executor is built for that; the lifecycle hooks are called on the hot
 /// path, so a host that records nothing leaves them empty.
 pub(crate) trait Host: Sync + Sized + 'static {
-    /// The host's identity: the variables it made carry it, and ops may only
-    /// declare those.
+    /// The host's identity, from [`new_host_id`]: the variables it made
+    /// carry it, and ops may only declare those.
     fn id(&self) -> u64;
 
     /// The lock under which an op on several variables links its edges, so

@@ -32,6 +32,8 @@ mod poison;
 pub(crate) mod reclaim;
 mod spawn;
 mod stream_op;
+#[cfg(any(test, loom))]
+pub(crate) mod testing;
 mod units;
 mod var;
 
@@ -41,7 +43,7 @@ pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
 pub(crate) use self::future::{in_op, with_current_op};
-pub(crate) use self::host::Host;
+pub(crate) use self::host::{Host, new_host_id};
 pub(crate) use self::lifecycle::dispatch_granted;
 pub(crate) use self::spawn::{OpTask, spawn};
 pub(crate) use self::units::OpUnits;

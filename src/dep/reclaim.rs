@@ -105,11 +105,12 @@ impl Adopted {
 
 impl Drop for Adopted {
     fn drop(&mut self) {
-        // The thread is exiting: nobody will poll these ops any more.
+        // The thread is exiting: nobody will poll these ops any more (see
+        // `orphan_all`, which does the same while the thread lives).
         while let Some(op) = self.pop() {
             // SAFETY: popped; `orphan` hands our anchor to the op's last
             // releaser, or drops it now if the op is finished.
-            unsafe { OpBlock::orphan(op) };
+            unsafe { release(Popped::Overdue(op)) };
         }
     }
 }
@@ -194,6 +195,22 @@ pub(crate) fn collect_at_most(budget: usize) -> usize {
         freed += 1;
     }
     freed
+}
+
+/// Gives up every op the calling thread pushed and has not freed, as its
+/// exit does (see `Adopted`'s `Drop`): the finished are freed now, the others
+/// by whoever finishes them. For the loom models, which cannot wait for a
+/// thread's exit to do it.
+#[cfg(any(test, loom))]
+pub(crate) fn orphan_all() {
+    loop {
+        let Ok(Some(op)) = ADOPTED.try_with(|a| a.try_borrow_mut().ok().and_then(|mut a| a.pop()))
+        else {
+            return;
+        };
+        // SAFETY: just popped from this thread's list.
+        unsafe { release(Popped::Overdue(op)) };
+    }
 }
 
 /// Whether the calling thread has adopted ops it has not freed yet.

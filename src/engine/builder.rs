@@ -1,16 +1,11 @@
 //! Configuring an engine: [`EngineBuilder`] checks the devices asked for,
 //! builds their executors and starts the engine.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::Engine;
 use super::executor::{Executor, ExecutorKind};
 use super::shared::{DeviceSlot, Shared};
+use crate::dep::new_host_id;
 use crate::error::Error;
-
-/// Engine ids, unique in the process: variables, resources and devices
-/// carry the id of their engine, so that another engine's are refused.
-static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The name of the default device.
 ///
@@ -134,8 +129,10 @@ impl EngineBuilder {
                 exec,
             });
         }
+        // Variables, resources and devices carry the engine's id, so that
+        // another engine's are refused.
         let shared = Shared::new(
-            NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+            new_host_id(),
             devices.into_boxed_slice(),
             self.max_in_flight,
             self.track_ops,

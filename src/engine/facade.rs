@@ -507,7 +507,7 @@ impl Engine {
                 edges,
                 units: None,
                 name: Some(Cow::Borrowed(name)),
-                device: 0,
+                device_index: 0,
                 lane: None,
                 priority: 0,
                 mode,

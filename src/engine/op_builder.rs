@@ -329,7 +329,7 @@ impl<'a> OpBuilder<'a> {
                 edges,
                 units: self.units,
                 name: self.name,
-                device,
+                device_index: device,
                 lane,
                 priority: self.priority,
                 mode: Mode::Normal,

@@ -4,7 +4,7 @@
 
 use std::future::poll_fn;
 
-use depflow::__loom::{Generations as Pending, Signal};
+use depflow::__loom::{Generations, Signal};
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering::*};
 use loom::thread;
@@ -18,7 +18,7 @@ fn block_on(signal: &Signal) {
 #[test]
 fn wait_sees_op_pushed_before() {
     loom::model(|| {
-        let pending = Arc::new(Pending::default());
+        let pending = Arc::new(Generations::default());
         let done = Arc::new(AtomicBool::new(false));
         let g = pending.enter();
         let op = thread::spawn({
@@ -40,7 +40,7 @@ fn wait_sees_op_pushed_before() {
 #[test]
 fn push_races_wait() {
     loom::model(|| {
-        let pending = Arc::new(Pending::default());
+        let pending = Arc::new(Generations::default());
         let g0 = pending.enter();
         let pusher = thread::spawn({
             let pending = pending.clone();
@@ -65,7 +65,7 @@ fn push_races_wait() {
 #[test]
 fn two_waiters() {
     loom::model(|| {
-        let pending = Arc::new(Pending::default());
+        let pending = Arc::new(Generations::default());
         let g = pending.enter();
         let waiters: Vec<_> = (0..2)
             .map(|_| {
@@ -86,7 +86,7 @@ fn two_waiters() {
 #[test]
 fn straddling_push_is_covered_by_next_wait() {
     loom::model(|| {
-        let pending = Arc::new(Pending::default());
+        let pending = Arc::new(Generations::default());
         let entered = Arc::new(AtomicBool::new(false));
         let finished = Arc::new(AtomicBool::new(false));
         let pusher = thread::spawn({

@@ -1,0 +1,410 @@
+//! A no-op host, to drive the real ops without an engine (tokio's
+//! `NoopSchedule`): the loom models in `loom-tests/` and this layer's own
+//! tests push ops through [`Harness`], and run what it dispatched on threads
+//! of their choosing. Everything an op does, it does as in the engine:
+//! the same blocks, chains, countdowns, anchors, lifecycle, poison and
+//! reclamation lists; only the host is a stand-in, and it records what the
+//! ops told it.
+
+// Not every part serves both the loom models and the unit tests.
+#![allow(dead_code)]
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+
+use super::block::{Mode, OpBlock, OpSpec, Runner};
+use super::body::{AsyncBody, Body, SyncBody};
+use super::ctx::OpCtx;
+use super::decl::edges;
+use super::host::{Host, new_host_id};
+use super::lifecycle::dispatch_granted;
+use super::reclaim;
+use super::spawn::{OpTask, spawn};
+use super::var::{AnyVar, Var};
+use crate::core::tickets::{Broker, Demand};
+use crate::device::StreamDevice;
+use crate::error::{BoxError, Error, OpFailure};
+use crate::loom::sync::atomic::{AtomicUsize, Ordering::*};
+use crate::loom::sync::{Condvar, Mutex};
+
+/// A lifecycle hook, as the no-op host records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// `Host::on_pushed`.
+    Pushed,
+    /// `Host::on_ready`.
+    Ready,
+    /// `Host::on_granted`.
+    Granted,
+    /// `Host::on_started`.
+    Started,
+    /// `Host::on_finished`.
+    Finished,
+}
+
+/// The no-op host: dispatched ops wait in a queue for the model to run
+/// them; failures and retirements are counted; hooks are recorded.
+#[derive(Debug)]
+struct NoopHost {
+    id: u64,
+    push_lock: Mutex<()>,
+    ready: Mutex<VecDeque<Runner>>,
+    dispatched: Condvar,
+    broker: Broker<Runner>,
+    failures: Mutex<Vec<Arc<OpFailure>>>,
+    retired: AtomicUsize,
+    hooks: Mutex<Vec<(String, Hook)>>,
+}
+
+impl NoopHost {
+    fn hook(&self, op: &OpBlock, hook: Hook) {
+        let name = op.name().unwrap_or("").to_string();
+        self.hooks.lock().push((name, hook));
+    }
+}
+
+impl Host for NoopHost {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn push_lock(&self) -> &Mutex<()> {
+        &self.push_lock
+    }
+
+    fn has_streams(&self) -> bool {
+        false
+    }
+
+    fn stream_device(&self, _device: u16) -> Option<&StreamDevice> {
+        None
+    }
+
+    fn dispatch(&self, op: Runner, _yielded: bool) {
+        self.ready.lock().push_back(op);
+        self.dispatched.notify_all();
+    }
+
+    fn request_units(&self, op: Runner) {
+        dispatch_granted(self.broker.request(op), self);
+    }
+
+    fn retire_tickets(&self, demands: &[Demand]) {
+        dispatch_granted(self.broker.retire(demands), self);
+    }
+
+    fn give_back_units(&self, returns: &[(usize, u64)]) {
+        dispatch_granted(self.broker.release(returns.iter().copied()), self);
+    }
+
+    fn record_failure(&self, failure: Arc<OpFailure>) {
+        self.failures.lock().push(failure);
+    }
+
+    fn retire(&self, _op: &OpBlock) {
+        self.retired.fetch_add(1, AcqRel);
+    }
+
+    fn on_pushed(&self, op: &OpBlock) {
+        self.hook(op, Hook::Pushed);
+    }
+
+    fn on_ready(&self, op: &OpBlock) {
+        self.hook(op, Hook::Ready);
+    }
+
+    fn on_granted(&self, op: &OpBlock) {
+        self.hook(op, Hook::Granted);
+    }
+
+    fn on_started(&self, op: &OpBlock) {
+        self.hook(op, Hook::Started);
+    }
+
+    fn on_finished(&self, op: &OpBlock) {
+        self.hook(op, Hook::Finished);
+    }
+}
+
+/// Pushes real ops to a no-op host and runs what it dispatches. Cheap to
+/// clone; the clones share the host, which must outlive every op pushed
+/// (keep one clone until they all retired).
+#[derive(Clone, Debug)]
+pub struct Harness {
+    host: Arc<NoopHost>,
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A pushed op's task: its result, once it ran.
+#[derive(Debug)]
+pub struct Handle<T>(OpTask<T>);
+
+impl<T> Handle<T> {
+    /// Whether the op has finished.
+    pub fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+
+    /// Blocks until the op finished (another thread must run it) and
+    /// returns its result.
+    pub fn wait(self) -> Result<T, Error> {
+        #[cfg(loom)]
+        return loom::future::block_on(self.0);
+        #[cfg(not(loom))]
+        futures::executor::block_on(self.0)
+    }
+
+    /// Lets the op run to the end without anyone waiting for it.
+    pub fn detach(self) {
+        self.0.detach();
+    }
+}
+
+impl Harness {
+    /// A harness over a new no-op host.
+    pub fn new() -> Self {
+        Self {
+            host: Arc::new(NoopHost {
+                id: new_host_id(),
+                push_lock: Mutex::new(()),
+                ready: Mutex::new(VecDeque::new()),
+                dispatched: Condvar::default(),
+                broker: Broker::default(),
+                failures: Mutex::new(Vec::new()),
+                retired: AtomicUsize::new(0),
+                hooks: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// A variable of this host owning `value`.
+    pub fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
+        Var::new(self.host.id, value)
+    }
+
+    fn push_body<B: Body>(
+        &self,
+        name: &'static str,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        mode: Mode,
+        body: B,
+    ) -> Result<Handle<B::Output>, Error> {
+        let spec = OpSpec {
+            edges: edges(reads, mutates, self.host.id)?,
+            units: None,
+            name: Some(Cow::Borrowed(name)),
+            device_index: 0,
+            lane: None,
+            priority: 0,
+            mode,
+            generation: 0,
+        };
+        Ok(Handle(spawn(spec, body, &*self.host)))
+    }
+
+    /// Pushes an op with a synchronous body, as `Engine::push` does.
+    pub fn push<F, T, E>(
+        &self,
+        name: &'static str,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        f: F,
+    ) -> Result<Handle<T>, Error>
+    where
+        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.push_body(name, reads, mutates, Mode::Normal, SyncBody(Some(f)))
+    }
+
+    /// Pushes an op with an asynchronous body, as `Engine::push_async` does.
+    pub fn push_async<F, Fut, T, E>(
+        &self,
+        name: &'static str,
+        reads: &[&dyn AnyVar],
+        mutates: &[&dyn AnyVar],
+        f: F,
+    ) -> Result<Handle<T>, Error>
+    where
+        F: FnOnce(OpCtx) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.push_body(name, reads, mutates, Mode::Normal, AsyncBody::new(f))
+    }
+
+    /// Deletes `var` after the ops pushed on it, as `Engine::delete_var`
+    /// does: `f` gets its value.
+    pub fn delete<T: Send + Sync + 'static>(
+        &self,
+        var: &Var<T>,
+        f: impl FnOnce(T) + Send + 'static,
+    ) -> Result<Handle<()>, Error> {
+        let edges = edges(&[], &[var], self.host.id)?;
+        if !var.core().mark_deleted() {
+            return Err(Error::Deleted(var.id()));
+        }
+        let key = var.key();
+        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
+            let (value, _units) = ctx.delete(key)?;
+            if let Some(value) = value {
+                f(value);
+            }
+            Ok(())
+        }));
+        let spec = OpSpec {
+            edges,
+            units: None,
+            name: Some(Cow::Borrowed("delete")),
+            device_index: 0,
+            lane: None,
+            priority: 0,
+            mode: Mode::Maintenance,
+            generation: 0,
+        };
+        Ok(Handle(spawn(spec, body, &*self.host)))
+    }
+
+    /// Runs one dispatched op (one poll of it), if there is one.
+    pub fn run_one(&self) -> bool {
+        let next = self.host.ready.lock().pop_front();
+        match next {
+            Some(op) => {
+                op.run();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Waits until an op is dispatched and runs it (one poll).
+    pub fn run_next(&self) {
+        let op = {
+            let mut ready = self.host.ready.lock();
+            loop {
+                if let Some(op) = ready.pop_front() {
+                    break op;
+                }
+                ready = self.host.dispatched.wait(ready);
+            }
+        };
+        op.run();
+    }
+
+    /// Ops retired so far.
+    pub fn retired(&self) -> usize {
+        self.host.retired.load(Acquire)
+    }
+
+    /// Failures recorded so far, by op name.
+    pub fn failures(&self) -> Vec<Option<String>> {
+        let failures = self.host.failures.lock();
+        failures
+            .iter()
+            .map(|f| f.op_name().map(str::to_owned))
+            .collect()
+    }
+
+    /// The hooks called so far, in order, by op name.
+    pub fn hooks(&self) -> Vec<(String, Hook)> {
+        self.host.hooks.lock().clone()
+    }
+}
+
+/// Frees the finished ops the calling thread pushed (its reclamation list's
+/// head, as a push or a wait does).
+pub fn reclaim_finished() {
+    reclaim::collect();
+}
+
+/// What the calling thread's exit does to the ops it pushed and did not free
+/// yet: frees the finished, orphans the others (their last releaser frees
+/// them). A model calls it before its thread ends: loom does not order a
+/// thread-local's destructor before `join`.
+pub fn exit_thread() {
+    reclaim::orphan_all();
+}
+
+/// Whether the calling thread still has ops it pushed and did not free.
+pub fn holds_pushed_ops() -> bool {
+    reclaim::has_adopted()
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// An op with no dependency calls its hooks in order; one behind it
+    /// becomes ready only when the first finishes.
+    #[test]
+    fn hooks_follow_the_lifecycle() {
+        let h = Harness::new();
+        let v = h.var(0u64);
+        let k = v.key();
+        let first = h
+            .push("first", &[], &[&v], move |ctx| -> Result<u64, Error> {
+                *ctx.write(k)? += 1;
+                Ok(1)
+            })
+            .unwrap();
+        let second = h
+            .push("second", &[&v], &[], move |ctx| {
+                Ok::<_, Error>(*ctx.read(k)?)
+            })
+            .unwrap();
+        use Hook::*;
+        let of = |name: &str| -> Vec<Hook> {
+            h.hooks()
+                .into_iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, hook)| hook)
+                .collect()
+        };
+        assert_eq!(of("first"), [Pushed, Ready]);
+        assert_eq!(of("second"), [Pushed]);
+        assert!(h.run_one());
+        assert_eq!(of("first"), [Pushed, Ready, Started, Finished]);
+        assert_eq!(of("second"), [Pushed, Ready]);
+        assert!(h.run_one());
+        assert!(!h.run_one());
+        assert_eq!((first.wait().unwrap(), second.wait().unwrap()), (1, 1));
+        assert_eq!(h.retired(), 2);
+        reclaim_finished();
+        assert!(!holds_pushed_ops());
+    }
+
+    /// A failing op poisons what it mutates; the op behind it is skipped
+    /// (its body never runs) and passes the poison on.
+    #[test]
+    fn failures_poison_in_order() {
+        let h = Harness::new();
+        let (a, b) = (h.var(0u8), h.var(0u8));
+        let failed = h
+            .push("load", &[], &[&a], |_| Err::<(), _>("disk full"))
+            .unwrap();
+        let skipped = h
+            .push("use", &[&a], &[&b], |_| -> Result<(), Error> {
+                panic!("a skipped op's body ran")
+            })
+            .unwrap();
+        while h.run_one() {}
+        assert!(matches!(failed.wait(), Err(Error::Failed(_))));
+        match skipped.wait() {
+            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.failures(), [Some("load".to_string())]);
+        assert_eq!(h.retired(), 2);
+        reclaim_finished();
+    }
+}
