@@ -95,6 +95,7 @@
 //! carries a `SAFETY` comment (enforced by clippy).
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![doc(test(attr(deny(warnings))))]
 

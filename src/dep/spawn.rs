@@ -2,6 +2,10 @@
 //! chains (`link_in`, and `link_all` for ops on several variables or with
 //! units). What follows is `lifecycle`'s.
 
+// `unsafe`: the block's one-time set-up and linking its edges; each block
+// says why it is sound.
+#![allow(unsafe_code)]
+
 use super::block::{OpBlock, OpSpec, Runner};
 use super::body::Body;
 use super::future::OpFuture;
