@@ -8,7 +8,7 @@
 //! holding nothing, until they are free. Temporary units come back when the
 //! op completes; allocated units stay with the output variable ([`Held`])
 //! until it is deleted, dropped, or re-allocated by a later op. The engine
-//! keeps the accounts (a [`tickets`](crate::core::tickets) broker over its
+//! keeps the accounts (a `core::tickets` broker over its
 //! ops), which a resource reaches through its [`Ledger`]: see `tickets` for
 //! the granting order and why it cannot deadlock a program that fits when run
 //! serially.
