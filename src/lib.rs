@@ -163,6 +163,28 @@ pub mod stream {
     pub use crate::device::{Lane, Stream, cuda_device_count};
 }
 
+// The public types cross threads as their docs promise (checked at compile
+// time: a change that loses one of these fails to build).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    const fn send<T: Send>() {}
+    send_sync::<Engine>();
+    send_sync::<EngineBuilder>();
+    send_sync::<Executor>();
+    send_sync::<Var<u64>>();
+    send_sync::<VarKey<u64>>();
+    send_sync::<Resource>();
+    send_sync::<Device>();
+    send_sync::<OpCtx>();
+    send_sync::<Stream>();
+    send_sync::<Error>();
+    send_sync::<OpFailure>();
+    send_sync::<Diagnostics>();
+    send::<OpHandle<u64>>();
+    send::<Wait>();
+    send::<Job>();
+};
+
 /// The code in README.md, compiled and run as doctests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
