@@ -61,6 +61,16 @@ fn drops() -> Arc<AtomicUsize> {
     Arc::new(AtomicUsize::new(0))
 }
 
+/// A worker thread that runs the next `ops` ops the host dispatches.
+fn spawn_worker(h: &Harness, ops: usize) -> thread::JoinHandle<()> {
+    let h = h.clone();
+    thread::spawn(move || {
+        for _ in 0..ops {
+            h.run_next();
+        }
+    })
+}
+
 /// Ends a model: the main thread frees the ops it pushed; other threads
 /// freed theirs when they exited (joined before).
 fn finish_model(h: &Harness, ops: usize, drops: &AtomicUsize, vars: usize) {
@@ -91,13 +101,7 @@ fn a_read_appended_while_the_write_ahead_completes() {
                 Ok::<_, Error>(())
             })
             .unwrap();
-        let worker = thread::spawn({
-            let h = h.clone();
-            move || {
-                h.run_next();
-                h.run_next();
-            }
-        });
+        let worker = spawn_worker(&h, 2);
         let reader = thread::spawn({
             let (h, a) = (h.clone(), a.clone());
             move || {
@@ -155,13 +159,7 @@ fn ops_on_two_variables_pushed_at_once_agree_on_an_order() {
                 })
             })
             .collect();
-        let worker = thread::spawn({
-            let h = h.clone();
-            move || {
-                h.run_next();
-                h.run_next();
-            }
-        });
+        let worker = spawn_worker(&h, 2);
         for p in pushers {
             p.join().unwrap();
         }
@@ -214,14 +212,7 @@ fn poison_passes_down_while_ops_are_pushed() {
                 exit_thread();
             }
         });
-        let worker = thread::spawn({
-            let h = h.clone();
-            move || {
-                for _ in 0..3 {
-                    h.run_next();
-                }
-            }
-        });
+        let worker = spawn_worker(&h, 3);
         drop((a, b));
         assert!(matches!(failing.wait(), Err(Error::Failed(_))));
         pusher.join().unwrap();
@@ -249,13 +240,7 @@ fn delete_after_reads_in_flight_and_a_late_read() {
             h.push("r1", &[&a], &[], read).unwrap(),
             h.push("r2", &[&a], &[], read).unwrap(),
         ];
-        let readers = thread::spawn({
-            let h = h.clone();
-            move || {
-                h.run_next();
-                h.run_next();
-            }
-        });
+        let readers = spawn_worker(&h, 2);
         let late = thread::spawn({
             let (h, a) = (h.clone(), a.clone());
             move || {
@@ -338,13 +323,7 @@ fn a_leased_context_holds_the_grants_until_dropped() {
                 drop(ctx);
             }
         });
-        let worker = thread::spawn({
-            let h = h.clone();
-            move || {
-                h.run_next();
-                h.run_next();
-            }
-        });
+        let worker = spawn_worker(&h, 2);
         assert_eq!(
             next.wait().unwrap(),
             2,
@@ -381,10 +360,7 @@ fn a_pusher_exits_while_its_op_runs() {
                 exit_thread();
             }
         });
-        let worker = thread::spawn({
-            let h = h.clone();
-            move || h.run_next()
-        });
+        let worker = spawn_worker(&h, 1);
         pusher.join().unwrap();
         worker.join().unwrap();
         finish_model(&h, 1, &dropped, 1);

@@ -11,7 +11,8 @@
 //! already is zero. Both sides meet on the one `refs` word, so exactly one of
 //! them ends up with the anchor.
 
-// `unsafe`: the anchor slot, taken by the one thread the count designates; each block says why it is sound.
+// `unsafe`: the anchor slot, taken by the one thread the count designates; each block says why it
+// is sound.
 #![allow(unsafe_code)]
 
 use crate::loom::cell::UnsafeCell;

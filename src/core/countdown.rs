@@ -12,7 +12,8 @@
 //! taken by the one thread whose release reaches zero; the `AcqRel`
 //! decrements order the two.
 
-// `unsafe`: the parked value, taken by the one thread that reaches zero; each block says why it is sound.
+// `unsafe`: the parked value, taken by the one thread that reaches zero; each block says why it is
+// sound.
 #![allow(unsafe_code)]
 
 use crate::loom::cell::UnsafeCell;

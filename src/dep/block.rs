@@ -100,6 +100,23 @@ pub(crate) struct OpSpec {
     pub(crate) generation: u8,
 }
 
+impl OpSpec {
+    /// One of the host's own ops (a delete, an un-poisoning, a wait): on the
+    /// default device, no units, no priority.
+    pub(crate) fn own(edges: Edges, name: &'static str, mode: Mode) -> Self {
+        Self {
+            edges,
+            units: None,
+            name: Some(Cow::Borrowed(name)),
+            device_index: 0,
+            lane: None,
+            priority: 0,
+            mode,
+            generation: 0,
+        }
+    }
+}
+
 /// `OpBlock::flags`: the op's generation.
 const GENERATION: u8 = 1;
 /// `OpBlock::flags`: `Mode::Maintenance`.

@@ -6,7 +6,8 @@
 //! tracked like a `RefCell`'s, so a body cannot hold `&mut T` and `&T` of the
 //! same variable at once.
 
-// `unsafe`: a body's access to the values of its variables, under their grants; each block says why it is sound.
+// `unsafe`: a body's access to the values of its variables, under their grants; each block says why
+// it is sound.
 #![allow(unsafe_code)]
 
 use std::fmt;

@@ -3,7 +3,8 @@
 //! (see `lifecycle`); and the thread-local marker of the op a thread is
 //! running, which blocking waits consult.
 
-// `unsafe`: the future's pointer to its own task's op, and pin projection; each block says why it is sound.
+// `unsafe`: the future's pointer to its own task's op, and pin projection; each block says why it
+// is sound.
 #![allow(unsafe_code)]
 
 use std::future::Future;

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::block::{OpBlock, Runner};
-use crate::core::tickets::Demand;
+use super::lifecycle::dispatch_granted;
+use crate::core::tickets::{Broker, Demand};
 use crate::device::StreamDevice;
 use crate::error::OpFailure;
 use crate::loom::sync::Mutex;
@@ -44,24 +45,37 @@ pub(crate) trait Host: Sync + Sized + 'static {
     /// work on their variables).
     fn has_streams(&self) -> bool;
 
-    /// Stream device `device`, if it is one.
-    fn stream_device(&self, device: u16) -> Option<&StreamDevice>;
+    /// The device with index `device_index`, if it is a stream device.
+    fn stream_device(&self, device_index: u16) -> Option<&StreamDevice>;
 
     /// Hands a ready op to its device's executor. `yielded`: the op woke
     /// itself while running.
     fn dispatch(&self, op: Runner, yielded: bool);
 
-    /// Asks for the units of an op whose variables granted it; the host
-    /// passes it to [`dispatch_granted`](super::dispatch_granted) once they
-    /// are free (perhaps at once).
-    fn request_units(&self, op: Runner);
+    /// The broker of the host's counted units (one pool per resource), and
+    /// the ops waiting for them.
+    fn broker(&self) -> &Broker<Runner>;
+
+    /// Asks for the units of an op whose variables granted it: dispatches it
+    /// once they are free (perhaps at once).
+    #[inline]
+    fn request_units(&self, op: Runner) {
+        dispatch_granted(self.broker().request(op), self);
+    }
 
     /// Gives up the tickets of an op that will not ask for its units (it
-    /// will be skipped).
-    fn retire_tickets(&self, demands: &[Demand]);
+    /// will be skipped), and dispatches what that lets through.
+    #[inline]
+    fn retire_tickets(&self, demands: &[Demand]) {
+        dispatch_granted(self.broker().retire(demands), self);
+    }
 
-    /// Gives units back: (pool, amount) pairs.
-    fn give_back_units(&self, returns: &[(usize, u64)]);
+    /// Gives units back, (pool, amount) pairs, and dispatches the ops that
+    /// now fit.
+    #[inline]
+    fn give_back_units(&self, returns: &[(usize, u64)]) {
+        dispatch_granted(self.broker().release(returns.iter().copied()), self);
+    }
 
     /// Records the failure of an op (reported by `wait_all`).
     fn record_failure(&self, failure: Arc<OpFailure>);

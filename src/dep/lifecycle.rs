@@ -11,7 +11,8 @@
 //! that made the variable (`decl` checks it), so that is the granted op's
 //! host too.
 
-// `unsafe`: the erased host, linking edges, and counting an op's references out; each block says why it is sound.
+// `unsafe`: the erased host, completing edges, handing units on and counting an op's
+// references out; each block says why it is sound.
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
@@ -88,7 +89,7 @@ impl Request for Runner {
 /// Dispatches the ops whose units the host's broker granted (what the host
 /// does with the requests it parked, once a release makes room).
 #[inline]
-pub(crate) fn dispatch_granted<H: Host>(granted: Few<Runner>, host: &H) {
+pub(super) fn dispatch_granted<H: Host>(granted: Few<Runner>, host: &H) {
     granted.for_each(|runner| {
         let op = runner.metadata();
         if let Some(units) = op.units() {
@@ -134,7 +135,7 @@ pub(super) fn finish<H: Host>(op: &OpBlock, outcome: Outcome, host: &H) {
         }
         Outcome::Poisoned(cause) => op.fail(&cause),
     }
-    // `holders` is 0 unless the body leased its context (see `lease`).
+    // `holders` is 0 unless the body leased its context (`OpCtx::leased`).
     if op.holders.load(Relaxed) != 0 && op.holders.fetch_sub(1, AcqRel) != 1 {
         return; // the lease releases the grants when it is dropped
     }

@@ -12,6 +12,7 @@
 //! | `poison` | whether an op may run, and how failures pass on |
 //! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
 //! | `ctx` | what a body sees: [`OpCtx`] |
+//! | `own` | the host's own ops: delete, clear poison, wait for a variable |
 //! | `reclaim` | who frees an op: the thread that pushed it |
 //! | `host` | what the layer needs from above: the [`Host`] trait |
 //!
@@ -28,6 +29,7 @@ mod decl;
 mod future;
 mod host;
 mod lifecycle;
+mod own;
 mod poison;
 pub(crate) mod reclaim;
 mod spawn;
@@ -37,14 +39,13 @@ pub(crate) mod testing;
 mod units;
 mod var;
 
-pub(crate) use self::block::Edges;
 pub(crate) use self::block::{Mode, OpBlock, OpSpec, Runner};
 pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
 pub(crate) use self::future::{in_op, with_current_op};
 pub(crate) use self::host::{Host, new_host_id};
-pub(crate) use self::lifecycle::dispatch_granted;
+pub(crate) use self::own::{deletion, unpoisoning, var_wait};
 pub(crate) use self::spawn::{OpTask, spawn};
 pub(crate) use self::units::OpUnits;
 pub use self::var::{AnyVar, Var, VarKey};

@@ -12,7 +12,8 @@
 //! variables: the states it reads and writes are the op's to touch (see
 //! `var`'s access table).
 
-// `unsafe`: variables' states, read and written under the op's grants; each block says why it is sound.
+// `unsafe`: variables' states, read and written under the op's grants; each block says why it is
+// sound.
 #![allow(unsafe_code)]
 
 use std::sync::Arc;

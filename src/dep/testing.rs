@@ -9,7 +9,6 @@
 // Not every part serves both the loom models and the unit tests.
 #![allow(dead_code)]
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
@@ -19,11 +18,11 @@ use super::body::{AsyncBody, Body, SyncBody};
 use super::ctx::OpCtx;
 use super::decl::edges;
 use super::host::{Host, new_host_id};
-use super::lifecycle::dispatch_granted;
+use super::own::deletion;
 use super::reclaim;
 use super::spawn::{OpTask, spawn};
 use super::var::{AnyVar, Var};
-use crate::core::tickets::{Broker, Demand};
+use crate::core::tickets::Broker;
 use crate::device::StreamDevice;
 use crate::error::{BoxError, Error, OpFailure};
 use crate::loom::sync::atomic::{AtomicUsize, Ordering::*};
@@ -78,7 +77,7 @@ impl Host for NoopHost {
         false
     }
 
-    fn stream_device(&self, _device: u16) -> Option<&StreamDevice> {
+    fn stream_device(&self, _device_index: u16) -> Option<&StreamDevice> {
         None
     }
 
@@ -87,16 +86,8 @@ impl Host for NoopHost {
         self.dispatched.notify_all();
     }
 
-    fn request_units(&self, op: Runner) {
-        dispatch_granted(self.broker.request(op), self);
-    }
-
-    fn retire_tickets(&self, demands: &[Demand]) {
-        dispatch_granted(self.broker.retire(demands), self);
-    }
-
-    fn give_back_units(&self, returns: &[(usize, u64)]) {
-        dispatch_granted(self.broker.release(returns.iter().copied()), self);
+    fn broker(&self) -> &Broker<Runner> {
+        &self.broker
     }
 
     fn record_failure(&self, failure: Arc<OpFailure>) {
@@ -197,16 +188,7 @@ impl Harness {
         mode: Mode,
         body: B,
     ) -> Result<Handle<B::Output>, Error> {
-        let spec = OpSpec {
-            edges: edges(reads, mutates, self.host.id)?,
-            units: None,
-            name: Some(Cow::Borrowed(name)),
-            device_index: 0,
-            lane: None,
-            priority: 0,
-            mode,
-            generation: 0,
-        };
+        let spec = OpSpec::own(edges(reads, mutates, self.host.id)?, name, mode);
         Ok(Handle(spawn(spec, body, &*self.host)))
     }
 
@@ -250,28 +232,7 @@ impl Harness {
         var: &Var<T>,
         f: impl FnOnce(T) + Send + 'static,
     ) -> Result<Handle<()>, Error> {
-        let edges = edges(&[], &[var], self.host.id)?;
-        if !var.core().mark_deleted() {
-            return Err(Error::Deleted(var.id()));
-        }
-        let key = var.key();
-        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
-            let (value, _units) = ctx.delete(key)?;
-            if let Some(value) = value {
-                f(value);
-            }
-            Ok(())
-        }));
-        let spec = OpSpec {
-            edges,
-            units: None,
-            name: Some(Cow::Borrowed("delete")),
-            device_index: 0,
-            lane: None,
-            priority: 0,
-            mode: Mode::Maintenance,
-            generation: 0,
-        };
+        let (spec, body) = deletion(var, self.host.id, f)?;
         Ok(Handle(spawn(spec, body, &*self.host)))
     }
 

@@ -16,7 +16,8 @@
 //! | `held`, `skipped`, `failed` | the op's lifecycle, in order (`Relaxed`: each hand-off between threads orders them) | the same |
 //! | `deferred` | a stream op's enqueue half, then its completion | the same |
 
-// `unsafe`: handing units on to outputs under the op's write grants; each block says why it is sound.
+// `unsafe`: handing units on to outputs under the op's write grants; each block says why it is
+// sound.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};

@@ -26,7 +26,8 @@
 //! | `fences` | ops holding a grant (under its lock) | ops holding a grant |
 //! | the value | the op holding the write grant | ops holding a grant |
 
-// `unsafe`: type-erased variables, and their state under the chain's grants; each block says why it is sound.
+// `unsafe`: type-erased variables, and their state under the chain's grants; each block says why it
+// is sound.
 #![allow(unsafe_code)]
 
 use std::fmt;

@@ -11,7 +11,7 @@ use super::op_builder::OpBuilder;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
-    AnyVar, Body, Device, Edges, Mode, OpCtx, OpSpec, SyncBody, Var, edges, in_op, spawn,
+    AnyVar, Body, Device, OpCtx, OpSpec, Var, deletion, in_op, spawn, unpoisoning, var_wait,
     with_current_op,
 };
 use crate::error::{BoxError, Error};
@@ -346,20 +346,8 @@ impl Engine {
     where
         T: Send + Sync + 'static,
     {
-        let edges = edges(&[], &[var], self.shared().id)?;
-        if !var.core().mark_deleted() {
-            return Err(Error::Deleted(var.id()));
-        }
-        let key = var.key();
-        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
-            // The units go back after `f` recycled the value (or unwound).
-            let (value, _units) = ctx.delete(key)?;
-            if let Some(value) = value {
-                f(value);
-            }
-            Ok(())
-        }));
-        self.push_own(edges, body, "delete_var", Mode::Maintenance)
+        let (spec, body) = deletion(var, self.shared().id, f)?;
+        self.push_spec(spec, body)
     }
 
     /// Clears the poison of `var`, in push order: ops pushed after this one
@@ -386,13 +374,8 @@ impl Engine {
     where
         T: Send + Sync + 'static,
     {
-        let key = var.key();
-        let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
-            ctx.clear_poison(key)?;
-            Ok(())
-        }));
-        let edges = edges(&[], &[var], self.shared().id)?;
-        self.push_own(edges, body, "clear_poison", Mode::Maintenance)
+        let (spec, body) = unpoisoning(var, self.shared().id)?;
+        self.push_spec(spec, body)
     }
 
     /// Waits until every mutation pushed on `var` so far has completed.
@@ -426,9 +409,8 @@ impl Engine {
         if own {
             return Wait::ready(Err(Error::WaitsForItself));
         }
-        let body = SyncBody(Some(|_: &OpCtx| Ok::<(), BoxError>(())));
-        let pushed = edges(&[var], &[], self.shared().id)
-            .and_then(|edges| self.push_own(edges, body, "wait_for_var", Mode::Normal));
+        let pushed =
+            var_wait(var, self.shared().id).and_then(|(spec, body)| self.push_spec(spec, body));
         match pushed {
             Ok(handle) => Wait::op(handle),
             Err(e) => Wait::ready(Err(e)),
@@ -490,30 +472,6 @@ impl Engine {
             self.shared().close_and_drain(),
             self.shared().clone(),
             false,
-        )
-    }
-
-    /// Pushes one of the engine's own ops (a delete, an un-poisoning, a
-    /// wait) on the default device.
-    fn push_own<B: Body>(
-        &self,
-        edges: Edges,
-        body: B,
-        name: &'static str,
-        mode: Mode,
-    ) -> Result<OpHandle<B::Output>, Error> {
-        self.push_spec(
-            OpSpec {
-                edges,
-                units: None,
-                name: Some(Cow::Borrowed(name)),
-                device_index: 0,
-                lane: None,
-                priority: 0,
-                mode,
-                generation: 0,
-            },
-            body,
         )
     }
 

@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::executor::Exec;
 use crate::core::generations::{Generations, Signal};
 use crate::core::room::Room;
-use crate::core::tickets::{Broker, Demand};
-use crate::dep::{Host, OpBlock, Runner, dispatch_granted};
+use crate::core::tickets::Broker;
+use crate::dep::{Host, OpBlock, Runner};
 use crate::device::StreamDevice;
 use crate::error::{Error, OpFailure};
 use crate::loom::sync::Mutex;
@@ -149,8 +149,8 @@ impl Host for Shared {
     }
 
     #[inline]
-    fn stream_device(&self, device: u16) -> Option<&StreamDevice> {
-        self.devices[usize::from(device)].exec.stream_device()
+    fn stream_device(&self, device_index: u16) -> Option<&StreamDevice> {
+        self.devices[usize::from(device_index)].exec.stream_device()
     }
 
     #[inline]
@@ -159,16 +159,8 @@ impl Host for Shared {
         self.devices[device].exec.schedule(op, yielded);
     }
 
-    fn request_units(&self, op: Runner) {
-        dispatch_granted(self.broker.request(op), self);
-    }
-
-    fn retire_tickets(&self, demands: &[Demand]) {
-        dispatch_granted(self.broker.retire(demands), self);
-    }
-
-    fn give_back_units(&self, returns: &[(usize, u64)]) {
-        dispatch_granted(self.broker.release(returns.iter().copied()), self);
+    fn broker(&self) -> &Broker<Runner> {
+        &self.broker
     }
 
     fn record_failure(&self, failure: Arc<OpFailure>) {

@@ -1,57 +1,6 @@
-//! The shim under `cfg(loom)`: loom's primitives, with non-poisoning locks.
-//! Only the models in `loom-tests/` run code built this way; the engine's
-//! own threads (pools, pollers, simulated streams) are never started there.
-
-pub(crate) mod sync {
-    pub(crate) use loom::sync::atomic;
-    pub(crate) use loom::sync::{MutexGuard, WaitTimeoutResult};
-
-    /// `loom::sync::Mutex` whose `lock` ignores poisoning.
-    #[derive(Debug, Default)]
-    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
-
-    impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(loom::sync::Mutex::new(value))
-        }
-
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        }
-    }
-
-    /// `loom::sync::Condvar` whose waits ignore poisoning.
-    #[derive(Debug, Default)]
-    pub(crate) struct Condvar(loom::sync::Condvar);
-
-    impl Condvar {
-        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0
-                .wait(guard)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        }
-
-        pub(crate) fn wait_timeout<'a, T>(
-            &self,
-            guard: MutexGuard<'a, T>,
-            timeout: std::time::Duration,
-        ) -> (MutexGuard<'a, T>, WaitTimeoutResult) {
-            self.0
-                .wait_timeout(guard, timeout)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        }
-
-        pub(crate) fn notify_one(&self) {
-            self.0.notify_one();
-        }
-
-        pub(crate) fn notify_all(&self) {
-            self.0.notify_all();
-        }
-    }
-}
+//! The shim's loom side: loom's cell, waker slot and `thread_local!`. Only
+//! the models in `loom-tests/` run code built this way; the engine's own
+//! threads (pools, pollers, simulated streams) are never started there.
 
 pub(crate) mod cell {
     pub(crate) use loom::cell::UnsafeCell;

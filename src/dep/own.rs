@@ -1,0 +1,75 @@
+//! The host's own ops, which it pushes like any other on the default device:
+//! deleting a variable, clearing its poison, waiting for its mutations.
+
+use super::block::{Mode, OpSpec};
+use super::body::{Body, SyncBody};
+use super::ctx::OpCtx;
+use super::decl::edges;
+use super::var::Var;
+use crate::error::{BoxError, Error};
+
+/// The op that deletes `var` (of engine `engine`) after every op pushed on
+/// it so far: `var` is marked deleted now (later pushes are refused) and,
+/// when the op runs, its value goes to `recycle`; the units it held go back
+/// once `recycle` returns (or unwinds).
+///
+/// # Errors
+///
+/// As for any declaration of `var`, and [`Error::Deleted`] if a delete was
+/// already pushed.
+pub(crate) fn deletion<T, F>(
+    var: &Var<T>,
+    engine: u64,
+    recycle: F,
+) -> Result<(OpSpec, impl Body<Output = ()>), Error>
+where
+    T: Send + Sync + 'static,
+    F: FnOnce(T) + Send + 'static,
+{
+    let edges = edges(&[], &[var], engine)?;
+    if !var.core().mark_deleted() {
+        return Err(Error::Deleted(var.id()));
+    }
+    let key = var.key();
+    let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
+        let (value, _units) = ctx.delete(key)?;
+        if let Some(value) = value {
+            recycle(value);
+        }
+        Ok(())
+    }));
+    Ok((OpSpec::own(edges, "delete_var", Mode::Maintenance), body))
+}
+
+/// The op that clears the poison of `var` (of engine `engine`), in push
+/// order: it runs even on a poisoned variable.
+pub(crate) fn unpoisoning<T>(
+    var: &Var<T>,
+    engine: u64,
+) -> Result<(OpSpec, impl Body<Output = ()>), Error>
+where
+    T: Send + Sync + 'static,
+{
+    let edges = edges(&[], &[var], engine)?;
+    let key = var.key();
+    let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
+        ctx.clear_poison(key)?;
+        Ok(())
+    }));
+    Ok((OpSpec::own(edges, "clear_poison", Mode::Maintenance), body))
+}
+
+/// The op that waits for every mutation of `var` (of engine `engine`)
+/// pushed so far: a read that does nothing, and resolves to the variable's
+/// poison if it has one.
+pub(crate) fn var_wait<T>(
+    var: &Var<T>,
+    engine: u64,
+) -> Result<(OpSpec, impl Body<Output = ()>), Error>
+where
+    T: Send + Sync + 'static,
+{
+    let edges = edges(&[var], &[], engine)?;
+    let body = SyncBody(Some(|_: &OpCtx| Ok::<(), BoxError>(())));
+    Ok((OpSpec::own(edges, "wait_for_var", Mode::Normal), body))
+}
