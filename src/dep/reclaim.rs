@@ -105,6 +105,14 @@ impl Adopted {
 
 impl Drop for Adopted {
     fn drop(&mut self) {
+        // A failing loom model drops its threads' lists while unwinding,
+        // outside the model, where the ops' loom atomics cannot be touched:
+        // leave them be, so that the panic reports the failure instead of
+        // aborting the whole test run.
+        #[cfg(loom)]
+        if std::thread::panicking() {
+            return;
+        }
         // The thread is exiting: nobody will poll these ops any more (see
         // `orphan_all`, which does the same while the thread lives).
         while let Some(op) = self.pop() {
