@@ -13,7 +13,6 @@ use super::host::Host;
 use super::lifecycle::{ready, schedule};
 use super::reclaim;
 use super::stream_op::StreamOpFuture;
-use crate::core::few::Few;
 use crate::error::Error;
 
 /// The task of a pushed op: what its handle awaits.
@@ -96,9 +95,9 @@ unsafe fn link_in<H: Host>(runner: Runner, host: &H) {
 unsafe fn link_all<H: Host>(op: &OpBlock, host: &H) {
     let edges = op.edges();
     // One bit per edge whose token this push took: the first 64 edges in a
-    // word, the rest (rare) a word per 64 more.
+    // word, more (an op on over 64 variables) in a vector.
     let mut first = 0u64;
-    let mut rest: Few<u64> = Few::from_fn(edges.len().saturating_sub(1) / 64, |_| 0);
+    let mut rest: Vec<u64> = Vec::new();
     {
         let _order = host.push_lock().lock();
         if let Some(units) = op.units() {
@@ -107,20 +106,26 @@ unsafe fn link_all<H: Host>(op: &OpBlock, host: &H) {
         for (i, e) in edges.iter().enumerate() {
             // SAFETY: forwarded from `link_in`.
             if unsafe { e.var.chain.link(&e.edge) } {
-                match i {
-                    0..64 => first |= 1 << i,
-                    _ => rest[i / 64 - 1] |= 1 << (i % 64),
+                if i < 64 {
+                    first |= 1 << i;
+                } else {
+                    rest.resize(rest.len().max(i / 64), 0);
+                    rest[i / 64 - 1] |= 1 << (i % 64);
                 }
             }
         }
     }
-    for (w, &word) in std::iter::once(&first).chain(rest.iter()).enumerate() {
-        let mut bits = word;
+    // Grants from the edges whose bits are set in `word`, edge `base` first.
+    let advance = |mut bits: u64, base: usize| {
         while bits != 0 {
-            let e = &edges[w * 64 + bits.trailing_zeros() as usize];
+            let e = &edges[base + bits.trailing_zeros() as usize];
             bits &= bits - 1;
             // SAFETY: `link` handed us the token at this edge.
             unsafe { e.var.chain.advance(&e.edge, host) };
         }
+    };
+    advance(first, 0);
+    for (w, &word) in rest.iter().enumerate() {
+        advance(word, 64 * (w + 1));
     }
 }
