@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::block::{OpBlock, Runner};
-use super::lifecycle::dispatch_granted;
+use crate::core::few::Few;
 use crate::core::tickets::{Broker, Demand};
 use crate::device::StreamDevice;
 use crate::error::OpFailure;
@@ -60,21 +60,34 @@ pub(crate) trait Host: Sync + Sized + 'static {
     /// once they are free (perhaps at once).
     #[inline]
     fn request_units(&self, op: Runner) {
-        dispatch_granted(self.broker().request(op), self);
+        self.dispatch_granted(self.broker().request(op));
     }
 
     /// Gives up the tickets of an op that will not ask for its units (it
     /// will be skipped), and dispatches what that lets through.
     #[inline]
     fn retire_tickets(&self, demands: &[Demand]) {
-        dispatch_granted(self.broker().retire(demands), self);
+        self.dispatch_granted(self.broker().retire(demands));
     }
 
     /// Gives units back, (pool, amount) pairs, and dispatches the ops that
     /// now fit.
     #[inline]
     fn give_back_units(&self, returns: &[(usize, u64)]) {
-        dispatch_granted(self.broker().release(returns.iter().copied()), self);
+        self.dispatch_granted(self.broker().release(returns.iter().copied()));
+    }
+
+    /// Dispatches the ops the broker granted their units (`on_granted`).
+    #[inline]
+    fn dispatch_granted(&self, granted: Few<Runner>) {
+        granted.for_each(|op| {
+            let block = op.metadata();
+            if let Some(units) = block.units() {
+                units.mark_held();
+            }
+            self.on_granted(block);
+            self.dispatch(op, false);
+        });
     }
 
     /// Records the failure of an op (reported by `wait_all`).

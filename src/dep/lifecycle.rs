@@ -22,7 +22,6 @@ use super::host::Host;
 use super::poison::Skip;
 use super::units::{OpUnits, Returns};
 use crate::core::chain::{Grant, Owner};
-use crate::core::few::Few;
 use crate::core::tickets::{Demand, Request};
 use crate::error::{Error, FailureKind, OpFailure};
 use crate::loom::sync::atomic::Ordering::{AcqRel, Relaxed};
@@ -84,20 +83,6 @@ impl Request for Runner {
     fn demands(&self) -> &[Demand] {
         self.metadata().units().map_or(&[], OpUnits::as_request)
     }
-}
-
-/// Dispatches the ops whose units the host's broker granted (what the host
-/// does with the requests it parked, once a release makes room).
-#[inline]
-pub(super) fn dispatch_granted<H: Host>(granted: Few<Runner>, host: &H) {
-    granted.for_each(|runner| {
-        let op = runner.metadata();
-        if let Some(units) = op.units() {
-            units.mark_held();
-        }
-        host.on_granted(op);
-        host.dispatch(runner, false);
-    });
 }
 
 /// The schedule function of every op's task: wakes of async ops land here.
