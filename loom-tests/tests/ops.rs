@@ -61,6 +61,20 @@ fn drops() -> Arc<AtomicUsize> {
     Arc::new(AtomicUsize::new(0))
 }
 
+/// Runs a model of three or more threads over two chains, bounded tighter
+/// than the CI-wide LOOM_MAX_PREEMPTIONS=4: at 3 such a model takes about a
+/// minute on 2 cores, at 4 over 8.
+fn model_with_three_preemptions(model: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(model);
+}
+
+/// Two variables of `h`, counting their drops in `dropped`.
+fn two_vars(h: &Harness, dropped: &Arc<AtomicUsize>) -> (depflow::Var<Cell>, depflow::Var<Cell>) {
+    (h.var(Cell::new(0, dropped)), h.var(Cell::new(0, dropped)))
+}
+
 /// A worker thread that runs the next `ops` ops the host dispatches.
 fn spawn_worker(h: &Harness, ops: usize) -> thread::JoinHandle<()> {
     let h = h.clone();
@@ -127,15 +141,11 @@ fn a_read_appended_while_the_write_ahead_completes() {
 /// both run (no wait-for cycle), with the results of one serial order.
 #[test]
 fn ops_on_two_variables_pushed_at_once_agree_on_an_order() {
-    // Two pushers and a worker over two chains: bounded tighter than the
-    // CI-wide LOOM_MAX_PREEMPTIONS=4 (3 takes about a minute on 2 cores, 4
-    // far longer).
-    let mut model = loom::model::Builder::new();
-    model.preemption_bound = Some(3);
-    model.check(|| {
+    // Two pushers and a worker over two chains.
+    model_with_three_preemptions(|| {
         let h = Harness::new();
         let dropped = drops();
-        let (a, b) = (h.var(Cell::new(0, &dropped)), h.var(Cell::new(0, &dropped)));
+        let (a, b) = two_vars(&h, &dropped);
         let (ka, kb) = (a.key(), b.key());
         let pushers: Vec<_> = [true, false]
             .into_iter()
@@ -186,14 +196,11 @@ fn ops_on_two_variables_pushed_at_once_agree_on_an_order() {
 /// failure, which poisons B in turn and is reported once.
 #[test]
 fn poison_passes_down_while_ops_are_pushed() {
-    // Three ops over two chains on three threads: LOOM_MAX_PREEMPTIONS=4
-    // takes over 8 minutes on 2 cores; 3 about a minute.
-    let mut model = loom::model::Builder::new();
-    model.preemption_bound = Some(3);
-    model.check(|| {
+    // Three ops over two chains on three threads.
+    model_with_three_preemptions(|| {
         let h = Harness::new();
         let dropped = drops();
-        let (a, b) = (h.var(Cell::new(0, &dropped)), h.var(Cell::new(0, &dropped)));
+        let (a, b) = two_vars(&h, &dropped);
         let failing = h
             .push("load", &[], &[&a], |_| Err::<(), _>("disk full"))
             .unwrap();

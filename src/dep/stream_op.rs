@@ -33,8 +33,8 @@ use crate::device::{Fence, Stream, StreamDevice};
 use crate::error::{Error, FailureKind};
 
 impl OpBlock {
-    /// Puts stream waits on `lane` of `device` for that device's fences on
-    /// the op's variables, and returns the writes' among them not done yet
+    /// Puts stream waits on `lane` of `device` (the op's) for that device's
+    /// fences on the op's variables, and returns the writes' among them not done yet
     /// (the new fence's parents: their failure is the op's). A read's fence
     /// only orders: a failed read does not poison what it read.
     fn wait_on_device(&self, device: &StreamDevice, lane: u8) -> Result<Vec<Arc<Fence>>, String> {
@@ -42,7 +42,7 @@ impl OpBlock {
         let mut failed = None;
         for e in self.edges() {
             e.var.fences().for_each_pending(e.is_write(), |f, write| {
-                if f.device_index() != device.index {
+                if f.device_index() != self.device_index() {
                     return;
                 }
                 // Same lane: the stream's order is enough. (A done fence here
@@ -212,7 +212,10 @@ fn enqueue<B: Body, H: Host>(
     let lane = op.lane().expect("a stream op has a lane");
     let prepared = device.backend.new_event().and_then(|event| {
         let parents = op.wait_on_device(device, lane)?;
-        Ok((Arc::new(Fence::new(device.index, lane, event)), parents))
+        Ok((
+            Arc::new(Fence::new(op.device_index(), lane, event)),
+            parents,
+        ))
     });
     let (fence, parents) = prepared.map_err(|m| {
         // Nothing of this op's was enqueued: it fails like a host op.

@@ -211,18 +211,16 @@ impl Spec {
     }
 }
 
-/// A stream device, as the engine keeps it: the backend, the poller that
-/// completes its fences, and its index among the engine's devices (which
-/// fences record). Ops reach it on the device's launcher thread (an
+/// A stream device, as the engine keeps it: the backend and the poller that
+/// completes its fences. Ops reach it on the device's launcher thread (an
 /// executor the engine gives it).
 pub(crate) struct StreamDevice {
     pub(crate) backend: Arc<Backend>,
     pub(crate) poller: Poller,
-    pub(crate) index: u16,
 }
 
 impl StreamDevice {
-    pub(crate) fn new(name: &str, index: u16, spec: &Spec) -> Result<Self, String> {
+    pub(crate) fn new(name: &str, spec: &Spec) -> Result<Self, String> {
         let compute = spec.compute();
         if compute == 0 || compute + 2 > MAX_LANES {
             return Err(format!(
@@ -242,11 +240,7 @@ impl StreamDevice {
         let backend = Arc::new(Backend { compute, gpu });
         let poller =
             Poller::start(name, lanes, backend.clone(), wake).map_err(|e| e.to_string())?;
-        Ok(Self {
-            backend,
-            poller,
-            index,
-        })
+        Ok(Self { backend, poller })
     }
 
     /// The index of `lane` on this device, if it has it.

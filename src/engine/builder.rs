@@ -122,7 +122,7 @@ impl EngineBuilder {
                 )));
             }
             let exec = executor
-                .build(name, devices.len() as u16)
+                .build(name)
                 .map_err(|e| Error::Config(format!("device `{name}`: {e}")))?;
             devices.push(DeviceSlot {
                 name: name.clone(),

@@ -172,18 +172,18 @@ impl Executor {
         }))
     }
 
-    /// Builds the executor of device `index`, named `name`.
-    pub(crate) fn build(&self, name: &str, index: u16) -> Result<Exec, String> {
+    /// Builds the executor of the device named `name`.
+    pub(crate) fn build(&self, name: &str) -> Result<Exec, String> {
         let io = |e: std::io::Error| format!("cannot spawn its threads: {e}");
         Ok(match &self.0 {
             ExecutorKind::Pool(threads) => Exec::Pool(Pool::new(name, *threads).map_err(io)?),
             ExecutorKind::Inline => Exec::Other(Box::new(Inline)),
             ExecutorKind::Custom(f) => {
                 let f = f.clone();
-                Exec::Other(Box::new(Custom::new(Arc::new(move |op| f(Job(op))))))
+                Exec::Other(Box::new(Custom::new(move |op| f(Job(op)))))
             }
             ExecutorKind::Streams(spec) => Exec::Stream(Box::new(StreamExec {
-                device: StreamDevice::new(name, index, spec)?,
+                device: StreamDevice::new(name, spec)?,
                 launcher: Pool::new(&format!("{name}-launch"), 1).map_err(io)?,
             })),
         })

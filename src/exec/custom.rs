@@ -1,24 +1,23 @@
 //! The custom executor: hands ready jobs to a function of the user's.
 
-use std::sync::Arc;
-
 use super::{Queue, Work};
 
-pub(crate) struct Custom<W>(Arc<dyn Fn(W) + Send + Sync>);
+/// Calls `F` with every ready job.
+pub(crate) struct Custom<F>(F);
 
-impl<W> Custom<W> {
-    pub(crate) fn new(schedule: Arc<dyn Fn(W) + Send + Sync>) -> Self {
+impl<F> Custom<F> {
+    pub(crate) fn new(schedule: F) -> Self {
         Self(schedule)
     }
 }
 
-impl<W> std::fmt::Debug for Custom<W> {
+impl<F> std::fmt::Debug for Custom<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Custom")
     }
 }
 
-impl<W: Work> Queue<W> for Custom<W> {
+impl<W: Work, F: Fn(W) + Send + Sync> Queue<W> for Custom<F> {
     fn schedule(&self, job: W, _yielded: bool) {
         (self.0)(job);
     }
