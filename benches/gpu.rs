@@ -357,7 +357,7 @@ fn threads<G: Bench>(g: &Arc<G>, n: u64) -> Res<([Option<usize>; 3], usize)> {
         .lane(Lane::Compute(0))
         .mutates(&[&x])
         .run(move |ctx| {
-            ctx.stream()?.enqueue(move || {
+            Ok(ctx.stream()?.enqueue(move || {
                 let t = Instant::now();
                 while !gate.load(SeqCst) {
                     if t.elapsed() > Duration::from_secs(60) {
@@ -366,7 +366,7 @@ fn threads<G: Bench>(g: &Arc<G>, n: u64) -> Res<([Option<usize>; 3], usize)> {
                     std::thread::sleep(Duration::from_micros(100));
                 }
                 Ok(())
-            })
+            })?)
         })?;
     let handles = push_chain(&engine, gpu, g, &x, 0..n)?;
     let mut busy = os_threads();

@@ -189,7 +189,7 @@ fn reference(program: &Program) -> Vec<u64> {
 /// plain workloads a copy of the builder per push.)
 fn run<F>(b: OpBuilder<'_>, quota: Option<&Resource>, f: F) -> Result<OpHandle<()>, Error>
 where
-    F: FnOnce(&OpCtx) -> Result<(), Error> + Send + 'static,
+    F: FnOnce(&OpCtx) -> Result<(), depflow::BoxError> + Send + 'static,
 {
     match quota {
         Some(q) => b.uses(q, 1).run(f),
@@ -210,32 +210,24 @@ fn push(
     let wk = w.key();
     let i = i as u64;
     let result = match op.nreads {
-        0 => run(
-            engine.op().mutates(&[w]),
-            quota,
-            move |ctx| -> Result<(), Error> {
-                let mut v = ctx.write(wk)?;
-                *v = step(i, *v, 0, 0);
-                drop(v);
-                body.run();
-                Ok(())
-            },
-        ),
+        0 => run(engine.op().mutates(&[w]), quota, move |ctx| {
+            let mut v = ctx.write(wk)?;
+            *v = step(i, *v, 0, 0);
+            drop(v);
+            body.run();
+            Ok(())
+        }),
         1 => {
             let r0 = &vars[op.reads[0] as usize];
             let rk = r0.key();
-            run(
-                engine.op().reads(&[r0]).mutates(&[w]),
-                quota,
-                move |ctx| -> Result<(), Error> {
-                    let a = *ctx.read(rk)?;
-                    let mut v = ctx.write(wk)?;
-                    *v = step(i, *v, a, 0);
-                    drop(v);
-                    body.run();
-                    Ok(())
-                },
-            )
+            run(engine.op().reads(&[r0]).mutates(&[w]), quota, move |ctx| {
+                let a = *ctx.read(rk)?;
+                let mut v = ctx.write(wk)?;
+                *v = step(i, *v, a, 0);
+                drop(v);
+                body.run();
+                Ok(())
+            })
         }
         _ => {
             let (r0, r1) = (&vars[op.reads[0] as usize], &vars[op.reads[1] as usize]);
@@ -243,7 +235,7 @@ fn push(
             run(
                 engine.op().reads(&[r0, r1]).mutates(&[w]),
                 quota,
-                move |ctx| -> Result<(), Error> {
+                move |ctx| {
                     let (a, b) = (*ctx.read(rk0)?, *ctx.read(rk1)?);
                     let mut v = ctx.write(wk)?;
                     *v = step(i, *v, a, b);
@@ -263,9 +255,7 @@ fn values(engine: &Engine, vars: &[Var<u64>]) -> Vec<u64> {
         .map(|v| {
             let v2 = v.clone();
             engine
-                .push(&[v], &[], move |ctx| -> Result<u64, Error> {
-                    Ok(*ctx.read(&v2)?)
-                })
+                .push(&[v], &[], move |ctx| Ok(*ctx.read(&v2)?))
                 .unwrap()
         })
         .collect();
@@ -312,7 +302,7 @@ fn pending_cost(program: &Program, expected: &[u64]) -> (f64, f64, bool) {
     let (release, gate) = std::sync::mpsc::channel::<()>();
     let all: Vec<&dyn AnyVar> = vars.iter().map(|v| v as &dyn AnyVar).collect();
     let blocker = engine
-        .push(&[], &all, move |_| -> Result<(), Error> {
+        .push(&[], &all, move |_| {
             gate.recv().unwrap();
             Ok(())
         })

@@ -143,7 +143,7 @@ fn stage(e: &Engine, t: &Arc<Trace>, s: usize, b: usize, input: Option<&Buf>, ou
                 None => f(b, &[], &mut buffer),
             }
             *ctx.write(out_key)? = buffer;
-            Res::Ok(())
+            Ok(())
         })
     })?;
     Ok(())
@@ -198,7 +198,7 @@ fn main() -> Res {
             tc.timed(COMPUTE, b, || {
                 let mut model = ctx.write(m)?;
                 *model = step(*model, &ctx.read(x)?);
-                Res::Ok(())
+                Ok(())
             })
         })?;
         last = Some(recycle(e, t, 2, &d)?);
@@ -249,7 +249,7 @@ fn main() -> Res {
 
     // The pipeline computed what a serial run computes, and gave all back.
     let m = model.key();
-    let got = engine.push(&[&model], &[], move |ctx| Res::Ok(*ctx.read(m)?))?;
+    let got = engine.push(&[&model], &[], move |ctx| Ok(*ctx.read(m)?))?;
     let (got, mut expected) = (got.wait()?, 0.0);
     for b in 0..BATCHES {
         let (mut l, mut p, mut d) = (Vec::new(), Vec::new(), Vec::new());

@@ -23,8 +23,12 @@ fn op(
     let keys: Vec<VarKey<i64>> = inputs.iter().map(|v| v.key()).collect();
     let decl: Vec<&dyn AnyVar> = inputs.iter().map(|v| *v as &dyn AnyVar).collect();
     let (out_key, clock) = (out.key(), clock.clone());
-    engine.op().name(name).reads(&decl).mutates(&[out]).run(
-        move |ctx: &OpCtx| -> Result<(), Error> {
+    engine
+        .op()
+        .name(name)
+        .reads(&decl)
+        .mutates(&[out])
+        .run(move |ctx: &OpCtx| {
             let start = clock.elapsed();
             let args: Vec<i64> = keys
                 .iter()
@@ -42,15 +46,14 @@ fn op(
                 thread.name().unwrap_or("?"),
             );
             Ok(())
-        },
-    )?;
+        })?;
     Ok(())
 }
 
 fn value(engine: &Engine, var: &Var<i64>) -> Result<i64, Error> {
     let key = var.key();
     engine
-        .push(&[var], &[], move |ctx| Ok::<_, Error>(*ctx.read(key)?))?
+        .push(&[var], &[], move |ctx| Ok(*ctx.read(key)?))?
         .wait()
 }
 

@@ -183,7 +183,7 @@ impl Net {
             .on(device)
             .reads(reads)
             .mutates(mutates)
-            .run(move |ctx| -> Result<(), Error> {
+            .run(move |ctx| {
                 let clock = timeline.clock.expect("clock");
                 let start = clock.elapsed();
                 f(ctx)?;
@@ -404,7 +404,7 @@ impl Net {
         let loss = self.engine.push(
             &[&self.replicas[0].loss, &self.replicas[1].loss],
             &[],
-            move |ctx| Ok::<_, Error>((*ctx.read(keys[0])? + *ctx.read(keys[1])?) / 2.0),
+            move |ctx| Ok((*ctx.read(keys[0])? + *ctx.read(keys[1])?) / 2.0),
         )?;
         loss.wait()
     }
@@ -413,7 +413,7 @@ impl Net {
         let (k1, k2) = (self.fc1_weight.key(), self.fc2_weight.key());
         self.engine
             .push(&[&self.fc1_weight, &self.fc2_weight], &[], move |ctx| {
-                Ok::<_, Error>((ctx.read(k1)?.clone(), ctx.read(k2)?.clone()))
+                Ok((ctx.read(k1)?.clone(), ctx.read(k2)?.clone()))
             })?
             .wait()
     }

@@ -54,7 +54,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///     .op()
 ///     .name("decode")
 ///     .mutates(&[&v])
-///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file")))?
+///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file").into()))?
 ///     .wait()
 ///     .unwrap_err();
 /// let failure = err.failure().unwrap();
@@ -81,6 +81,8 @@ pub(crate) enum FailureKind {
     InputDeleted(VarId),
     /// The op's device work failed (a CUDA error, or a host function's).
     Device(String),
+    /// The op was cancelled through its handle before it started.
+    Cancelled,
 }
 
 impl OpFailure {
@@ -114,6 +116,7 @@ impl OpFailure {
             FailureKind::Dropped => "dropped by its executor before it finished".into(),
             FailureKind::InputDeleted(var) => format!("{var} was deleted before the op ran"),
             FailureKind::Device(message) => format!("device error: {message}"),
+            FailureKind::Cancelled => "cancelled before it ran".into(),
         }
     }
 }
@@ -145,9 +148,9 @@ impl fmt::Debug for OpFailure {
 ///
 /// let engine = Engine::new();
 /// let (a, b) = (engine.new_var(), engine.new_var());
-/// engine.op().name("load").mutates(&[&a]).run(|_| Err::<(), _>("disk full"))?;
+/// engine.op().name("load").mutates(&[&a]).run(|_| Err::<(), _>("disk full".into()))?;
 /// // Reads `a`, which "load" poisoned: does not run.
-/// let skipped = engine.push(&[&a], &[&b], |_| Ok::<_, Error>(()))?.wait();
+/// let skipped = engine.push(&[&a], &[&b], |_| Ok(()))?.wait();
 /// match skipped {
 ///     Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
 ///     other => panic!("{other:?}"),
@@ -185,6 +188,9 @@ pub enum Error {
     /// The op body asked for a variable that it is already borrowing in a
     /// conflicting way (two mutable borrows, or shared and mutable).
     Borrowed(VarId),
+    /// The op was cancelled ([`OpHandle::cancel`](crate::OpHandle::cancel))
+    /// before it started: its body never ran.
+    Cancelled,
     /// [`Engine::wait_all`](crate::Engine::wait_all) found ops that failed
     /// since the previous `wait_all`: the first one and how many.
     Failures {
@@ -221,6 +227,7 @@ impl fmt::Display for Error {
             Error::Deleted(var) => write!(f, "{var} has been deleted"),
             Error::ForeignVar(var) => write!(f, "{var} belongs to another engine"),
             Error::ShutDown => f.write_str("the engine is shut down"),
+            Error::Cancelled => f.write_str("the op was cancelled before it ran"),
             Error::NoVars => f.write_str("an op must declare at least one variable"),
             Error::BlockingInOp => f.write_str(
                 "blocking wait inside an op (it could deadlock the executor); use .await",

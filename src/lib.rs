@@ -20,16 +20,16 @@
 //! // B = A + 1 and C = A + 2 only read A: they may run in parallel.
 //! engine.push(&[&a], &[&b], {
 //!     let (a, b) = (a.clone(), b.clone());
-//!     move |ctx| -> Result<(), Error> { *ctx.write(&b)? = *ctx.read(&a)? + 1; Ok(()) }
+//!     move |ctx| { *ctx.write(&b)? = *ctx.read(&a)? + 1; Ok(()) }
 //! })?;
 //! engine.push(&[&a], &[&c], {
 //!     let (a, c) = (a.clone(), c.clone());
-//!     move |ctx| -> Result<(), Error> { *ctx.write(&c)? = *ctx.read(&a)? + 2; Ok(()) }
+//!     move |ctx| { *ctx.write(&c)? = *ctx.read(&a)? + 2; Ok(()) }
 //! })?;
 //! // A = C * 2 mutates A: it waits for both reads of A above.
 //! engine.push(&[&c], &[&a], {
 //!     let (a, c) = (a.clone(), c.clone());
-//!     move |ctx| -> Result<(), Error> { *ctx.write(&a)? = *ctx.read(&c)? * 2; Ok(()) }
+//!     move |ctx| { *ctx.write(&a)? = *ctx.read(&c)? * 2; Ok(()) }
 //! })?;
 //! engine.wait_for_var(&a).wait()?;
 //! assert_eq!(a.version(), 1);

@@ -95,9 +95,7 @@ fn kernels_on_two_streams_and_a_copy_back_keep_program_order() {
             })
             .unwrap();
         let got = engine
-            .push(&[&host], &[], move |ctx| {
-                Ok::<_, Error>(ctx.read(h)?.clone())
-            })
+            .push(&[&host], &[], move |ctx| Ok(ctx.read(h)?.clone()))
             .unwrap();
         assert_eq!(
             got.wait().unwrap(),
@@ -120,7 +118,7 @@ fn a_host_function_error_fails_the_op_and_poisons() {
             .name("host fn")
             .on(gpu)
             .mutates(&[&v])
-            .run(|ctx| ctx.stream()?.enqueue(|| Err("bad".to_string())))
+            .run(|ctx| Ok(ctx.stream()?.enqueue(|| Err("bad".to_string()))?))
             .unwrap();
         assert!(matches!(failing.wait(), Err(Error::Failed(_))));
         match engine.wait_for_var(&v).wait() {

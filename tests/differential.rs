@@ -437,7 +437,7 @@ fn run(
             }
             Step::Probe(v) => {
                 let var = vars[*v].clone();
-                let r = engine.push(&[&vars[*v]], &[], move |ctx| -> Result<u64, Error> {
+                let r = engine.push(&[&vars[*v]], &[], move |ctx| {
                     Ok(ctx.read(&var)?.load(SeqCst))
                 });
                 pending.push(Box::new(move || {
@@ -469,7 +469,7 @@ fn run(
                     mutates.iter().map(|&m| &vars[m] as &dyn AnyVar).collect();
                 let (units, out, p) = (*units, mutates.first().copied(), pools.clone());
                 // The op's memory: its inputs' and outputs' cells.
-                let cells = move |ctx: &depflow::OpCtx| -> Result<(Vec<Mem>, Vec<Mem>), Error> {
+                let cells = move |ctx: &depflow::OpCtx| {
                     let ins = r_vars.iter().map(|r| Ok(ctx.read(r)?.clone()));
                     let outs = m_vars.iter().map(|m| Ok(ctx.write(m)?.clone()));
                     Ok((
@@ -525,7 +525,7 @@ fn run(
                     pending.push(r);
                     continue;
                 }
-                let compute_all = move |ctx: &depflow::OpCtx| -> Result<u64, Error> {
+                let compute_all = move |ctx: &depflow::OpCtx| {
                     let (ins, outs) = cells(ctx)?;
                     Ok(work(&ins, &outs))
                 };
@@ -537,11 +537,11 @@ fn run(
                 };
                 let r = match body.clone() {
                     Body::Compute => builder.run(compute_all),
-                    Body::Fail => builder.run(move |_| -> Result<u64, String> {
+                    Body::Fail => builder.run(move |_| -> Result<u64, depflow::BoxError> {
                         failing();
                         Err("planned failure".into())
                     }),
-                    Body::Panic => builder.run(move |_| -> Result<u64, Error> {
+                    Body::Panic => builder.run(move |_| {
                         failing();
                         panic!("planned panic")
                     }),
@@ -594,14 +594,14 @@ fn run_on_streams(
     let result = Arc::new(AtomicI64::new(0));
     let r2 = result.clone();
     let on_device = i % 2 == 0;
-    let handle = builder.run(move |ctx| -> Result<(), Error> {
+    let handle = builder.run(move |ctx| {
         let stream = ctx.stream()?;
         let fail = matches!(body, Body::Fail | Body::Panic);
         if fail && !on_device {
             p.start(units);
             p.end(units, None, false);
             return match body {
-                Body::Fail => Err(Error::Stream("planned failure".into())),
+                Body::Fail => Err("planned failure".into()),
                 _ => panic!("planned panic"),
             };
         }
@@ -626,7 +626,8 @@ fn run_on_streams(
             }
             r2.store(work(&ins, &outs) as i64, SeqCst);
             Ok(())
-        })
+        })?;
+        Ok(())
     });
     Box::new(move || {
         to_outcome(handle.and_then(|h| h.wait()), |()| {
@@ -637,9 +638,7 @@ fn run_on_streams(
 
 fn final_state(engine: &Engine, var: &Var<Mem>) -> State {
     let v = var.clone();
-    match engine.push(&[var], &[], move |ctx| -> Result<u64, Error> {
-        Ok(ctx.read(&v)?.load(SeqCst))
-    }) {
+    match engine.push(&[var], &[], move |ctx| Ok(ctx.read(&v)?.load(SeqCst))) {
         Err(Error::Deleted(_)) => State::Deleted,
         Err(e) => panic!("{e}"),
         Ok(h) => match h.wait() {

@@ -11,7 +11,7 @@ use depflow::{Engine, Error, Executor, Var};
 
 fn set(engine: &Engine, v: &Var<i64>, x: i64) -> Result<depflow::OpHandle<()>, Error> {
     let v2 = v.clone();
-    engine.push(&[], &[v], move |ctx| -> Result<(), Error> {
+    engine.push(&[], &[v], move |ctx| {
         *ctx.write(&v2)? = x;
         Ok(())
     })
@@ -20,9 +20,7 @@ fn set(engine: &Engine, v: &Var<i64>, x: i64) -> Result<depflow::OpHandle<()>, E
 fn get(engine: &Engine, v: &Var<i64>) -> Result<i64, Error> {
     let v2 = v.clone();
     engine
-        .push(&[v], &[], move |ctx| -> Result<i64, Error> {
-            Ok(*ctx.read(&v2)?)
-        })?
+        .push(&[v], &[], move |ctx| Ok(*ctx.read(&v2)?))?
         .wait()
 }
 
@@ -31,7 +29,9 @@ fn failing(engine: &Engine, v: &Var<i64>, name: &'static str) -> depflow::OpHand
         .op()
         .name(name)
         .mutates(&[v])
-        .run(|_| -> Result<(), std::io::Error> { Err(std::io::Error::other("disk on fire")) })
+        .run(|_| -> Result<(), depflow::BoxError> {
+            Err(std::io::Error::other("disk on fire").into())
+        })
         .unwrap()
 }
 
@@ -40,7 +40,7 @@ fn empty_variable_lists_are_refused() {
     let engine = Engine::new();
     let drops = DropCount::default();
     let token = drops.token();
-    let r = engine.push(&[], &[], move |_| -> Result<(), Error> {
+    let r = engine.push(&[], &[], move |_| {
         drop(token);
         Ok(())
     });
@@ -77,7 +77,7 @@ fn delete_runs_after_pending_uses_and_refuses_later_pushes() {
         let reads = Arc::new(AtomicUsize::new(0));
         for _ in 0..10 {
             let (v2, reads) = (v.clone(), reads.clone());
-            let _ = engine.push(&[&v], &[], move |ctx| -> Result<(), Error> {
+            let _ = engine.push(&[&v], &[], move |ctx| {
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 assert_eq!(ctx.read(&v2)?.len(), 16);
                 reads.fetch_add(1, SeqCst);
@@ -95,10 +95,7 @@ fn delete_runs_after_pending_uses_and_refuses_later_pushes() {
         deleted.wait().unwrap();
         assert_eq!(rx.recv().unwrap(), (16, 10), "{name}");
         assert!(
-            matches!(
-                engine.push(&[&v], &[], |_| Ok::<(), Error>(())),
-                Err(Error::Deleted(_))
-            ),
+            matches!(engine.push(&[&v], &[], |_| Ok(())), Err(Error::Deleted(_))),
             "{name}"
         );
         assert!(
@@ -126,9 +123,7 @@ fn an_op_racing_a_delete_sees_deleted_not_freed_memory() {
                 (0..20)
                     .map(|_| {
                         let v2 = v.clone();
-                        engine.push(&[&v], &[], move |ctx| -> Result<i64, Error> {
-                            Ok(*ctx.read(&v2)?)
-                        })
+                        engine.push(&[&v], &[], move |ctx| Ok(*ctx.read(&v2)?))
                     })
                     .map(|r| r.and_then(|h| h.wait()))
                     .collect::<Vec<_>>()
@@ -182,7 +177,7 @@ fn a_failing_op_poisons_what_it_mutates_and_names_itself() {
         let ran = Arc::new(AtomicUsize::new(0));
         let ran2 = ran.clone();
         let skipped = engine
-            .push(&[&a], &[&b], move |ctx| -> Result<(), Error> {
+            .push(&[&a], &[&b], move |ctx| {
                 ran2.fetch_add(1, SeqCst);
                 *ctx.write(&b2)? = *ctx.read(&a2)? + 1;
                 Ok(())
@@ -231,7 +226,7 @@ fn a_panicking_op_is_an_error_not_a_crash() {
             .op()
             .name("boom")
             .mutates(&[&v])
-            .run(move |ctx| -> Result<(), Error> {
+            .run(move |ctx| -> Result<(), depflow::BoxError> {
                 *ctx.write(&v2)? = 99;
                 panic!("index out of range");
             })
@@ -261,7 +256,7 @@ fn an_async_op_that_fails_after_awaiting_poisons_too() {
     let r = engine
         .push_async(&[], &[&v], |_ctx| async {
             futures::future::ready(()).await;
-            Err::<(), _>("late failure")
+            Err::<(), _>("late failure".into())
         })
         .unwrap()
         .wait();
@@ -275,7 +270,7 @@ fn undeclared_and_conflicting_access_are_errors() {
     let (a, b, c) = (engine.var(1i64), engine.var(2i64), engine.var(3i64));
     let (a2, b2, c2) = (a.clone(), b.clone(), c.clone());
     engine
-        .push(&[&a], &[&b], move |ctx| -> Result<(), Error> {
+        .push(&[&a], &[&b], move |ctx| {
             assert!(matches!(ctx.read(&c2), Err(Error::NotDeclared(id)) if id == c2.id()));
             assert!(matches!(ctx.write(&a2), Err(Error::NotMutable(_))));
             let w = ctx.write(&b2)?;
@@ -303,12 +298,12 @@ fn blocking_waits_inside_an_op_are_errors_not_hangs() {
         let slow = engine
             .push_async(&[], &[&b], move |_| async move {
                 let _ = rx.await;
-                Ok::<(), Error>(())
+                Ok::<(), depflow::BoxError>(())
             })
             .unwrap();
         let (engine2, a2, b2) = (engine.clone(), a.clone(), b.clone());
         let outcome = engine
-            .push(&[], &[&a], move |_| -> Result<(), Error> {
+            .push(&[], &[&a], move |_| {
                 assert!(matches!(slow.wait(), Err(Error::BlockingInOp)));
                 assert!(matches!(
                     engine2.wait_all().wait(),
@@ -345,7 +340,7 @@ fn every_op_closure_is_dropped_exactly_once() {
             let token = drops.token();
             expect += 1;
             let pushed = pushed.clone();
-            let r = engine.push(&[], vars, move |_| -> Result<(), String> {
+            let r = engine.push(&[], vars, move |_| -> Result<(), depflow::BoxError> {
                 let _token = token;
                 pushed.fetch_add(1, SeqCst);
                 if fail { Err("no".into()) } else { Ok(()) }
@@ -367,7 +362,7 @@ fn every_op_closure_is_dropped_exactly_once() {
         expect += 1;
         let _ = engine.push_async(&[&w], &[], move |_| async move {
             let _token = token;
-            Ok::<(), Error>(())
+            Ok::<(), depflow::BoxError>(())
         });
         engine.wait_all().wait().ok();
         within(20, {
@@ -427,6 +422,6 @@ fn bad_configurations_are_errors() {
         .op()
         .on(e1.default_device())
         .mutates(&[&v])
-        .run(|_| Ok::<(), Error>(()));
+        .run(|_| Ok(()));
     assert!(matches!(r, Err(Error::Config(_))));
 }

@@ -58,15 +58,11 @@ fn dropping_the_last_handle_finishes_pushed_ops_and_joins_threads() {
     let v = engine.new_var();
     for _ in 0..100 {
         let ran = ran.clone();
-        let _ = engine
-            .op()
-            .on(dev)
-            .mutates(&[&v])
-            .run(move |_| -> Result<(), Error> {
-                std::thread::sleep(Duration::from_micros(200));
-                ran.fetch_add(1, SeqCst);
-                Ok(())
-            });
+        let _ = engine.op().on(dev).mutates(&[&v]).run(move |_| {
+            std::thread::sleep(Duration::from_micros(200));
+            ran.fetch_add(1, SeqCst);
+            Ok(())
+        });
     }
     within(30, move || drop(engine));
     assert_eq!(
@@ -89,16 +85,12 @@ fn dropping_the_last_handle_inside_an_op_does_not_hang() {
     let inner = engine.clone();
     let ran = Arc::new(AtomicUsize::new(0));
     let ran2 = ran.clone();
-    let _ = engine
-        .op()
-        .on(dev)
-        .mutates(&[&v])
-        .run(move |_| -> Result<(), Error> {
-            std::thread::sleep(Duration::from_millis(20));
-            ran2.fetch_add(1, SeqCst);
-            drop(inner); // the last handle, dropped inside the op
-            Ok(())
-        });
+    let _ = engine.op().on(dev).mutates(&[&v]).run(move |_| {
+        std::thread::sleep(Duration::from_millis(20));
+        ran2.fetch_add(1, SeqCst);
+        drop(inner); // the last handle, dropped inside the op
+        Ok(())
+    });
     drop(engine);
     wait_ran(&ran);
     wait_until_gone("depflow-lc2-");
@@ -114,16 +106,10 @@ fn an_engine_returned_by_its_own_op_shuts_down_cleanly() {
     // the op, when the detached task finishes.
     let ran = Arc::new(AtomicUsize::new(0));
     let ran2 = ran.clone();
-    drop(
-        engine
-            .op()
-            .on(dev)
-            .mutates(&[&v])
-            .run(move |_| -> Result<Engine, Error> {
-                ran2.fetch_add(1, SeqCst);
-                Ok(inner)
-            }),
-    );
+    drop(engine.op().on(dev).mutates(&[&v]).run(move |_| {
+        ran2.fetch_add(1, SeqCst);
+        Ok(inner)
+    }));
     drop(engine);
     wait_ran(&ran);
     wait_until_gone("depflow-lc3-");
@@ -138,13 +124,13 @@ fn shutdown_drains_then_refuses() {
         let _ = engine.push_async(&[], &[&v], move |ctx| async move {
             futures::future::ready(()).await;
             *ctx.write(&v2)? += 1;
-            Ok::<_, Error>(())
+            Ok(())
         });
     }
     engine.shutdown().wait().unwrap();
     assert_eq!(v.version(), 50);
     assert!(matches!(
-        engine.push(&[], &[&v], |_| Ok::<(), Error>(())),
+        engine.push(&[], &[&v], |_| Ok(())),
         Err(Error::ShutDown)
     ));
 }
@@ -156,7 +142,7 @@ fn many_engines_come_and_go() {
             let engine = Engine::builder().threads(1 + i % 3).build().unwrap();
             let v = engine.var(i);
             let v2 = v.clone();
-            let _ = engine.push(&[], &[&v], move |ctx| -> Result<(), Error> {
+            let _ = engine.push(&[], &[&v], move |ctx| {
                 *ctx.write(&v2)? += 1;
                 Ok(())
             });

@@ -17,7 +17,7 @@ fn add(engine: &Engine, reads: &[&Var<i64>], target: &Var<i64>, k: i64) {
     let target2 = target.clone();
     drop(
         engine
-            .push(&decl, &[target], move |ctx| -> Result<(), Error> {
+            .push(&decl, &[target], move |ctx| {
                 let mut sum = k;
                 for r in &reads {
                     sum = sum.wrapping_add(*ctx.read(r)?);
@@ -33,9 +33,7 @@ fn add(engine: &Engine, reads: &[&Var<i64>], target: &Var<i64>, k: i64) {
 fn value(engine: &Engine, v: &Var<i64>) -> i64 {
     let v2 = v.clone();
     engine
-        .push(&[v], &[], move |ctx| -> Result<i64, Error> {
-            Ok(*ctx.read(&v2)?)
-        })
+        .push(&[v], &[], move |ctx| Ok(*ctx.read(&v2)?))
         .unwrap()
         .wait()
         .unwrap()
@@ -51,7 +49,7 @@ fn seed_program_on_every_executor() {
         add(&engine, &[&a], &b, 1); // B = A + 1
         add(&engine, &[&a], &c, 2); // C = A + 2
         let (a2, c2) = (a.clone(), c.clone());
-        let _ = engine.push(&[&c], &[&a], move |ctx| -> Result<(), Error> {
+        let _ = engine.push(&[&c], &[&a], move |ctx| {
             *ctx.write(&a2)? = *ctx.read(&c2)? * 2; // A = C * 2
             Ok(())
         });
@@ -81,16 +79,14 @@ fn mutations_of_one_variable_follow_push_order() {
         let log = engine.var(Vec::new());
         for i in 0..2000 {
             let log2 = log.clone();
-            let _ = engine.push(&[], &[&log], move |ctx| -> Result<(), Error> {
+            let _ = engine.push(&[], &[&log], move |ctx| {
                 ctx.write(&log2)?.push(i);
                 Ok(())
             });
         }
         let log2 = log.clone();
         let got = engine
-            .push(&[&log], &[], move |ctx| -> Result<Vec<i32>, Error> {
-                Ok(ctx.read(&log2)?.clone())
-            })
+            .push(&[&log], &[], move |ctx| Ok(ctx.read(&log2)?.clone()))
             .unwrap()
             .wait()
             .unwrap();
@@ -107,7 +103,7 @@ fn reads_of_one_variable_run_concurrently() {
     let (tx, rx) = mpsc::channel();
     for _ in 0..2 {
         let (barrier, tx) = (barrier.clone(), tx.clone());
-        let _ = engine.push(&[&a], &[], move |_| -> Result<(), Error> {
+        let _ = engine.push(&[&a], &[], move |_| {
             // Both readers must be inside at the same time to pass.
             barrier.wait();
             tx.send(()).unwrap();
@@ -130,7 +126,7 @@ fn a_mutation_runs_alone_and_reads_see_it() {
         let i = rng.below(4) as usize;
         let state = state.clone();
         if rng.below(3) == 0 {
-            let _ = engine.push(&[], &[&vars[i]], move |_| -> Result<(), Error> {
+            let _ = engine.push(&[], &[&vars[i]], move |_| {
                 // -1 marks a writer inside; nobody else may be.
                 assert_eq!(
                     state[i].swap(-1, SeqCst),
@@ -142,7 +138,7 @@ fn a_mutation_runs_alone_and_reads_see_it() {
                 Ok(())
             });
         } else {
-            let _ = engine.push(&[&vars[i]], &[], move |_| -> Result<(), Error> {
+            let _ = engine.push(&[&vars[i]], &[], move |_| {
                 let before = state[i].fetch_add(1, SeqCst);
                 assert!(before >= 0, "a read overlapped a mutation");
                 state[i].fetch_sub(1, SeqCst);
@@ -161,15 +157,11 @@ fn declarations_are_normalised() {
     // A both read and mutated counts as mutated; repeats count once.
     let (a2, b2) = (a.clone(), b.clone());
     engine
-        .push(
-            &[&a, &b, &a, &b],
-            &[&a, &a],
-            move |ctx| -> Result<(), Error> {
-                let b = *ctx.read(&b2)?;
-                *ctx.write(&a2)? += b;
-                Ok(())
-            },
-        )
+        .push(&[&a, &b, &a, &b], &[&a, &a], move |ctx| {
+            let b = *ctx.read(&b2)?;
+            *ctx.write(&a2)? += b;
+            Ok(())
+        })
         .unwrap()
         .wait()
         .unwrap();
@@ -210,7 +202,7 @@ fn wait_for_var_waits_for_pushed_mutations_only() {
     let a = engine.var(0i64);
     let done = Arc::new(AtomicBool::new(false));
     let (a2, done2) = (a.clone(), done.clone());
-    let _ = engine.push(&[], &[&a], move |ctx| -> Result<(), Error> {
+    let _ = engine.push(&[], &[&a], move |ctx| {
         std::thread::sleep(Duration::from_millis(50));
         *ctx.write(&a2)? = 5;
         done2.store(true, SeqCst);
@@ -221,7 +213,7 @@ fn wait_for_var_waits_for_pushed_mutations_only() {
     assert_eq!(a.version(), 1);
     // A read in flight does not hold up a wait (it waits for mutations).
     let (tx, rx) = mpsc::channel::<()>();
-    let _ = engine.push(&[&a], &[], move |_| -> Result<(), Error> {
+    let _ = engine.push(&[&a], &[], move |_| {
         rx.recv_timeout(Duration::from_secs(20)).ok();
         Ok(())
     });
@@ -245,7 +237,7 @@ fn wait_all_does_not_wait_for_later_pushes_from_other_threads() {
         std::thread::spawn(move || {
             let v = engine.new_var();
             while !stop.load(SeqCst) {
-                let _ = engine.push(&[], &[&v], |_| -> Result<(), Error> {
+                let _ = engine.push(&[], &[&v], |_| {
                     std::thread::sleep(Duration::from_millis(1));
                     Ok(())
                 });
@@ -260,7 +252,7 @@ fn wait_all_does_not_wait_for_later_pushes_from_other_threads() {
     let mine = engine.new_var();
     let ran = Arc::new(AtomicBool::new(false));
     let ran2 = ran.clone();
-    let _ = engine.push(&[], &[&mine], move |_| -> Result<(), Error> {
+    let _ = engine.push(&[], &[&mine], move |_| {
         ran2.store(true, SeqCst);
         Ok(())
     });
@@ -287,11 +279,11 @@ fn async_ops_do_not_hold_a_worker_while_pending() {
         .push_async(&[], &[&a], move |ctx| async move {
             let got = rx.await.map_err(|_| Error::ShutDown)?;
             *ctx.write(&a2)? = got;
-            Ok::<_, Error>(got)
+            Ok(got)
         })
         .unwrap();
     let b2 = b.clone();
-    let _ = engine.push(&[], &[&b], move |ctx| -> Result<(), Error> {
+    let _ = engine.push(&[], &[&b], move |ctx| {
         *ctx.write(&b2)? = 1;
         tx.send(42).unwrap();
         Ok(())
@@ -316,14 +308,12 @@ fn async_op_holds_its_variables_across_awaits() {
             });
             rx.await.ok();
             *ctx.write(&a2)? = 2;
-            Ok::<_, Error>(())
+            Ok(())
         })
         .unwrap();
     // Pushed after: must see the async op's final value, never the middle one.
     let read = engine
-        .push(&[&a], &[], move |ctx| -> Result<i64, Error> {
-            Ok(*ctx.read(&a3)?)
-        })
+        .push(&[&a], &[], move |ctx| Ok(*ctx.read(&a3)?))
         .unwrap();
     assert_eq!(read.wait().unwrap(), 2);
     slow.wait().unwrap();
@@ -335,16 +325,14 @@ fn async_op_awaits_another_ops_handle() {
     let (a, b) = (engine.var(20i64), engine.var(0i64));
     let a2 = a.clone();
     let first = engine
-        .push(&[&a], &[], move |ctx| -> Result<i64, Error> {
-            Ok(*ctx.read(&a2)? + 1)
-        })
+        .push(&[&a], &[], move |ctx| Ok(*ctx.read(&a2)? + 1))
         .unwrap();
     let b2 = b.clone();
     let second = engine
         .push_async(&[], &[&b], move |ctx| async move {
             let x = first.await?;
             *ctx.write(&b2)? = x * 2;
-            Ok::<_, Error>(())
+            Ok(())
         })
         .unwrap();
     within(20, move || second.wait()).unwrap();
@@ -358,7 +346,7 @@ fn priorities_order_ready_ops() {
     let (started_tx, started_rx) = mpsc::channel::<()>();
     let blocker = engine.new_var();
     // Occupy the only worker until every other op is ready.
-    let _ = engine.push(&[], &[&blocker], move |_| -> Result<(), Error> {
+    let _ = engine.push(&[], &[&blocker], move |_| {
         started_tx.send(()).unwrap();
         release_rx.recv().unwrap();
         Ok(())
@@ -374,7 +362,7 @@ fn priorities_order_ready_ops() {
                 .op()
                 .priority(p)
                 .mutates(&[&v])
-                .run(move |_| -> Result<(), Error> {
+                .run(move |_| {
                     order.lock().unwrap().push((p, i));
                     Ok(())
                 })
@@ -411,7 +399,7 @@ fn priority_never_overrides_dependencies() {
                 .op()
                 .priority(i)
                 .mutates(&[&log])
-                .run(move |ctx| -> Result<(), Error> {
+                .run(move |ctx| {
                     ctx.write(&log2)?.push(i);
                     Ok(())
                 })
@@ -420,9 +408,7 @@ fn priority_never_overrides_dependencies() {
     }
     engine.wait_all().wait().unwrap();
     let log2 = log.clone();
-    let got = engine.push(&[&log], &[], move |ctx| -> Result<Vec<i32>, Error> {
-        Ok(ctx.read(&log2)?.clone())
-    });
+    let got = engine.push(&[&log], &[], move |ctx| Ok(ctx.read(&log2)?.clone()));
     assert_eq!(got.unwrap().wait().unwrap(), (0..50).collect::<Vec<_>>());
 }
 
@@ -442,7 +428,7 @@ fn named_devices_run_ops_on_their_own_threads() {
             .op()
             .on(device)
             .mutates(&[&v])
-            .run(|ctx| -> Result<String, Error> {
+            .run(|ctx| {
                 let _ = ctx.device();
                 Ok(std::thread::current().name().unwrap_or("").to_string())
             })
@@ -466,9 +452,7 @@ fn inline_executor_runs_ready_ops_inside_push() {
     let v = engine.new_var();
     let me = std::thread::current().id();
     let handle = engine
-        .push(&[], &[&v], move |_| -> Result<bool, Error> {
-            Ok(std::thread::current().id() == me)
-        })
+        .push(&[], &[&v], move |_| Ok(std::thread::current().id() == me))
         .unwrap();
     assert!(handle.is_finished(), "the op should have run inside push");
     assert!(handle.wait().unwrap());
@@ -497,7 +481,7 @@ fn ops_run_on_a_tokio_runtime_through_a_custom_executor() {
         .push_async(&[], &[&v], move |ctx| async move {
             tokio::time::sleep(Duration::from_millis(5)).await;
             *ctx.write(&v2)? = 9;
-            Ok::<_, Error>(())
+            Ok(())
         })
         .unwrap();
     rt.block_on(async {
@@ -517,14 +501,14 @@ fn rng_draws_are_the_same_whatever_the_thread_count() {
             for out in &outs {
                 let (rng2, out2) = (rng.clone(), out.clone());
                 // Each op mutates the RNG: draws are serialised in push order.
-                let _ = engine.push(&[], &[&rng, out], move |ctx| -> Result<(), Error> {
+                let _ = engine.push(&[], &[&rng, out], move |ctx| {
                     let x = ctx.write(&rng2)?.next();
                     *ctx.write(&out2)? ^= x;
                     Ok(())
                 });
                 if round % 3 == 0 {
                     let noise2 = noise.clone();
-                    let _ = engine.push(&[out], &[&noise], move |ctx| -> Result<(), Error> {
+                    let _ = engine.push(&[out], &[&noise], move |ctx| {
                         *ctx.write(&noise2)? += 1;
                         Ok(())
                     });
@@ -536,9 +520,7 @@ fn rng_draws_are_the_same_whatever_the_thread_count() {
             .map(|o| {
                 let o2 = o.clone();
                 engine
-                    .push(&[o], &[], move |ctx| -> Result<u64, Error> {
-                        Ok(*ctx.read(&o2)?)
-                    })
+                    .push(&[o], &[], move |ctx| Ok(*ctx.read(&o2)?))
                     .unwrap()
                     .wait()
                     .unwrap()
@@ -563,7 +545,7 @@ fn dropping_a_handle_does_not_cancel_the_op() {
     let engine = Engine::builder().threads(2).build().unwrap();
     let v = engine.var(0i64);
     let v2 = v.clone();
-    drop(engine.push(&[], &[&v], move |ctx| -> Result<(), Error> {
+    drop(engine.push(&[], &[&v], move |ctx| {
         std::thread::sleep(Duration::from_millis(20));
         *ctx.write(&v2)? = 3;
         Ok(())

@@ -60,11 +60,11 @@ fn gated_store(
         .mutates(&[v])
         .run(move |ctx| {
             let m = ctx.write(k)?.clone();
-            ctx.stream()?.enqueue(move || {
+            Ok(ctx.stream()?.enqueue(move || {
                 shut.pass();
                 m.store(value, SeqCst);
                 Ok(())
-            })
+            })?)
         })
         .unwrap()
 }
@@ -72,9 +72,7 @@ fn gated_store(
 /// `v`'s value, read by a host op (after the device work on it).
 fn read_on_host(engine: &Engine, v: &Var<Mem>) -> u64 {
     let k = v.key();
-    let got = engine.push(&[v], &[], move |ctx| {
-        Ok::<_, Error>(ctx.read(k)?.load(SeqCst))
-    });
+    let got = engine.push(&[v], &[], move |ctx| Ok(ctx.read(k)?.load(SeqCst)));
     got.unwrap().wait().unwrap()
 }
 
@@ -98,12 +96,12 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
                 move |ctx| {
                     let m = ctx.write(v)?.clone();
                     enqueued_tx.send(()).unwrap();
-                    ctx.stream()?.enqueue(move || {
+                    Ok(ctx.stream()?.enqueue(move || {
                         // Stream order across lanes: the producer's store first.
                         let seen = m.load(SeqCst);
                         m.store(seen * 10 + 2, SeqCst);
                         Ok(())
-                    })
+                    })?)
                 }
             })
             .unwrap();
@@ -127,7 +125,7 @@ fn a_host_reader_waits_for_device_work_without_holding_a_worker() {
         let reader = engine
             .push(&[&v], &[], {
                 let v = v.key();
-                move |ctx| Ok::<_, Error>(ctx.read(v)?.load(SeqCst))
+                move |ctx| Ok(ctx.read(v)?.load(SeqCst))
             })
             .unwrap();
         let other = engine
@@ -135,7 +133,7 @@ fn a_host_reader_waits_for_device_work_without_holding_a_worker() {
                 let w = w.key();
                 move |ctx| {
                     *ctx.write(w)? += 1;
-                    Ok::<_, Error>(())
+                    Ok(())
                 }
             })
             .unwrap();
@@ -160,13 +158,13 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
                 .lane(lane)
                 .reads(&[&v])
                 .run(move |ctx| {
-                    ctx.stream()?.enqueue(move || {
+                    Ok(ctx.stream()?.enqueue(move || {
                         if lane == Lane::Compute(0) {
                             shut.pass();
                         }
                         done.fetch_add(1, SeqCst);
                         Ok(())
-                    })
+                    })?)
                 })
                 .unwrap();
         }
@@ -179,10 +177,10 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
             .run({
                 let done = reads_done.clone();
                 move |ctx| {
-                    ctx.stream()?.enqueue(move || {
+                    Ok(ctx.stream()?.enqueue(move || {
                         seen_tx.send(done.load(SeqCst)).unwrap();
                         Ok(())
-                    })
+                    })?)
                 }
             })
             .unwrap();
@@ -190,7 +188,7 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
         let host_writer = engine
             .push(&[], &[&v], {
                 let done = reads_done.clone();
-                move |_| Ok::<_, Error>(done.load(SeqCst))
+                move |_| Ok(done.load(SeqCst))
             })
             .unwrap();
         std::thread::sleep(Duration::from_millis(20));
@@ -219,10 +217,10 @@ fn device_failures_poison_in_program_order() {
             .on(gpu)
             .mutates(&[&v])
             .run(move |ctx| {
-                ctx.stream()?.enqueue(move || {
+                Ok(ctx.stream()?.enqueue(move || {
                     shut.pass();
                     Err("illegal address".to_string())
-                })
+                })?)
             })
             .unwrap();
         let consumer = engine
@@ -232,7 +230,7 @@ fn device_failures_poison_in_program_order() {
             .lane(Lane::Compute(1))
             .reads(&[&v])
             .mutates(&[&out])
-            .run(|ctx| ctx.stream()?.enqueue(|| Ok(())))
+            .run(|ctx| Ok(ctx.stream()?.enqueue(|| Ok(()))?))
             .unwrap();
         open.send(()).unwrap();
         match failing.wait() {
@@ -275,14 +273,14 @@ fn body_errors_and_panics_fail_the_op() {
             .op()
             .on(gpu)
             .mutates(&[&v])
-            .run(|_| Err::<(), _>("bad shape"));
+            .run(|_| Err::<(), _>("bad shape".into()));
         assert!(matches!(err.unwrap().wait(), Err(Error::Failed(_))));
         engine.clear_poison(&v).unwrap();
         let panicking = engine
             .op()
             .on(gpu)
             .mutates(&[&v])
-            .run(|ctx| ctx.stream()?.enqueue(|| panic!("in the host function")));
+            .run(|ctx| Ok(ctx.stream()?.enqueue(|| panic!("in the host function"))?));
         match panicking.unwrap().wait() {
             Err(Error::Failed(f)) => assert!(f.to_string().contains("in the host function"), "{f}"),
             other => panic!("{other:?}"),
@@ -305,11 +303,11 @@ fn delete_and_waits_cover_device_work() {
             .run({
                 let done = work_done.clone();
                 move |ctx| {
-                    ctx.stream()?.enqueue(move || {
+                    Ok(ctx.stream()?.enqueue(move || {
                         shut.pass();
                         done.store(true, SeqCst);
                         Ok(())
-                    })
+                    })?)
                 }
             })
             .unwrap();
@@ -360,12 +358,12 @@ fn resource_units_stay_taken_until_the_device_work_is_done() {
                 .mutates(&[var])
                 .uses(&memory, 1)
                 .run(move |ctx| {
-                    ctx.stream()?.enqueue(move || {
+                    Ok(ctx.stream()?.enqueue(move || {
                         assert_eq!(running.fetch_add(1, SeqCst), 0, "two ops hold the unit");
                         std::thread::sleep(Duration::from_millis(5));
                         running.fetch_sub(1, SeqCst);
                         Ok(())
-                    })
+                    })?)
                 })
                 .unwrap();
             handles.push(h);
@@ -385,22 +383,22 @@ fn misuse_is_refused_at_push() {
         .op()
         .lane(Lane::Compute(0))
         .mutates(&[&v])
-        .run(|_| Ok::<_, Error>(()));
+        .run(|_| Ok(()));
     assert!(matches!(on_host, Err(Error::Stream(_))));
     let no_lane = engine
         .op()
         .on(gpu)
         .lane(Lane::Compute(2))
         .mutates(&[&v])
-        .run(|_| Ok::<_, Error>(()));
+        .run(|_| Ok(()));
     assert!(matches!(no_lane, Err(Error::Stream(_))));
     let asynchronous = engine
         .op()
         .on(gpu)
         .mutates(&[&v])
-        .run_async(|_| async { Ok::<_, Error>(()) });
+        .run_async(|_| async { Ok(()) });
     assert!(matches!(asynchronous, Err(Error::Stream(_))));
-    let no_stream = engine.push(&[], &[&v], |ctx| ctx.stream().map(|_| ()));
+    let no_stream = engine.push(&[], &[&v], |ctx| Ok(ctx.stream().map(|_| ())?));
     assert!(matches!(no_stream.unwrap().wait(), Err(Error::Failed(_))));
     let default_gpu = Engine::builder()
         .executor(Executor::simulated_gpu(1))
@@ -427,10 +425,10 @@ fn a_long_chain_alternating_lanes_keeps_program_order() {
                     let v = v.key();
                     move |ctx| {
                         let m = ctx.write(v)?.clone();
-                        ctx.stream()?.enqueue(move || {
+                        Ok(ctx.stream()?.enqueue(move || {
                             assert_eq!(m.fetch_add(1, SeqCst), i, "out of order");
                             Ok(())
-                        })
+                        })?)
                     }
                 })
                 .unwrap();

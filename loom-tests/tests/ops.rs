@@ -112,7 +112,7 @@ fn a_read_appended_while_the_write_ahead_completes() {
         let write = h
             .push("write", &[], &[&a], move |ctx| {
                 ctx.write(ka)?.set(1);
-                Ok::<_, Error>(())
+                Ok(())
             })
             .unwrap();
         let worker = spawn_worker(&h, 2);
@@ -120,9 +120,7 @@ fn a_read_appended_while_the_write_ahead_completes() {
             let (h, a) = (h.clone(), a.clone());
             move || {
                 let read = h
-                    .push("read", &[&a], &[], move |ctx| {
-                        Ok::<_, Error>(ctx.read(ka)?.get())
-                    })
+                    .push("read", &[&a], &[], move |ctx| Ok(ctx.read(ka)?.get()))
                     .unwrap();
                 assert_eq!(read.wait().unwrap(), 1, "the read ran before the write");
                 exit_thread();
@@ -162,7 +160,7 @@ fn ops_on_two_variables_pushed_at_once_agree_on_an_order() {
                             let v = ctx.read(kb)?.get();
                             ctx.write(ka)?.set(v + 100);
                         }
-                        Ok::<_, Error>(())
+                        Ok(())
                     })
                     .unwrap()
                     .detach();
@@ -177,7 +175,7 @@ fn ops_on_two_variables_pushed_at_once_agree_on_an_order() {
         worker.join().unwrap();
         let check = h
             .push("check", &[&a, &b], &[], move |ctx| {
-                Ok::<_, Error>((ctx.read(ka)?.get(), ctx.read(kb)?.get()))
+                Ok((ctx.read(ka)?.get(), ctx.read(kb)?.get()))
             })
             .unwrap();
         assert!(h.run_one());
@@ -207,8 +205,7 @@ fn poison_passes_down_while_ops_are_pushed() {
         let pusher = thread::spawn({
             let (h, a, b) = (h.clone(), a.clone(), b.clone());
             move || {
-                let never =
-                    |_: &depflow::OpCtx| -> Result<(), Error> { panic!("a skipped op's body ran") };
+                let never = |_: &depflow::OpCtx| panic!("a skipped op's body ran");
                 let x = h.push("x", &[&a], &[&b], never).unwrap();
                 let y = h.push("y", &[&b], &[], never).unwrap();
                 for skipped in [x, y] {
@@ -241,7 +238,7 @@ fn delete_after_reads_in_flight_and_a_late_read() {
         let dropped = drops();
         let a = h.var(Cell::new(7, &dropped));
         let ka = a.key();
-        let read = move |ctx: &depflow::OpCtx| Ok::<_, Error>(ctx.read(ka)?.get());
+        let read = move |ctx: &depflow::OpCtx| Ok(ctx.read(ka)?.get());
         let reads = [
             h.push("r1", &[&a], &[], read).unwrap(),
             h.push("r2", &[&a], &[], read).unwrap(),
@@ -306,15 +303,13 @@ fn a_leased_context_holds_the_grants_until_dropped() {
             move |ctx| async move {
                 ctx.write(ka)?.set(1);
                 *stash.lock().unwrap() = Some(ctx);
-                Ok::<_, Error>(())
+                Ok(())
             }
         })
         .unwrap()
         .detach();
         let next = h
-            .push("next", &[&a], &[], move |ctx| {
-                Ok::<_, Error>(ctx.read(ka)?.get())
-            })
+            .push("next", &[&a], &[], move |ctx| Ok(ctx.read(ka)?.get()))
             .unwrap();
         let holder = thread::spawn({
             let stash = stash.clone();
@@ -357,7 +352,7 @@ fn a_pusher_exits_while_its_op_runs() {
             move || {
                 h.push("orphan", &[], &[&a], move |ctx| {
                     ctx.write(ka)?.set(1);
-                    Ok::<_, Error>(())
+                    Ok(())
                 })
                 .unwrap()
                 .detach();

@@ -13,9 +13,9 @@
 //! | `countdown` | see `core::countdown` | |
 //! | `anchor` | see `core::anchor`; set by the pusher before the block is shared | |
 //! | `next_adopted` | the pushing thread only (`reclaim`) | the same |
-//! | `holders` | an async body leasing its context, the future and the lease as they finish | the same |
+//! | `status` | an async body leasing its context, the future and the lease as they finish (the lease count); a handle (`CANCELLED`); retiring (`RETIRED`) | the same; the op's start (`CANCELLED`); a handle (`RETIRED`) |
 //! | `host`, `flags`, `device`, `priority`, `name`, `units` | creation | anyone |
-//! | `edges` | creation; owners set once by the pusher before linking | the chains, the op |
+//! | `edges` | creation; owners set once by the pusher before linking; the variables given up at retiring | the chains, the op until it retires |
 //!
 //! # Lifetimes
 //!
@@ -24,6 +24,9 @@
 //!   holds a waker of its own task, the *anchor*, until every edge is released
 //!   and the op has run; then the pushing thread drops it (`reclaim`), or,
 //!   for an orphaned op, the thread whose release comes last.
+//! - What the op declared does not wait for that: the op gives its
+//!   variables up (their values, and the units they hold) when it retires,
+//!   on whatever thread that is. Only the block's own memory is freed late.
 //! - The host (the engine's shared state) outlives every op between its
 //!   admission at push and its `Host::retire`: the engine shuts down only
 //!   after its pending ops drained. So an op reaches its host only in between.
@@ -32,6 +35,7 @@
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::task::Waker;
 
@@ -46,8 +50,12 @@ use crate::core::few::Few;
 use crate::error::{FailureKind, OpFailure};
 use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::AtomicU8;
+use crate::loom::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 /// One op's access to one variable: the chain edge and the variable it is in.
+///
+/// Inside a block, `var` is given up when the op retires
+/// ([`OpBlock::release_vars`]), not when the block is freed.
 pub(crate) struct OpEdge {
     pub(crate) edge: Edge<OpBlock>,
     pub(crate) var: VarHold,
@@ -101,6 +109,22 @@ pub(crate) struct OpSpec {
 }
 
 impl OpSpec {
+    /// A plain op on `edges`: unnamed, on the default device, no units, no
+    /// priority.
+    #[inline]
+    pub(crate) fn new(edges: Edges) -> Self {
+        Self {
+            edges,
+            units: None,
+            name: None,
+            device_index: 0,
+            lane: None,
+            priority: 0,
+            mode: Mode::Normal,
+            generation: 0,
+        }
+    }
+
     /// One of the host's own ops (a delete, an un-poisoning, a wait): on the
     /// default device, no units, no priority.
     pub(crate) fn own(edges: Edges, name: &'static str, mode: Mode) -> Self {
@@ -116,6 +140,13 @@ impl OpSpec {
         }
     }
 }
+
+/// `OpBlock::status`: the count of holders of a leased op's grants.
+pub(super) const LEASE_MASK: u8 = 0b11;
+/// `OpBlock::status`: a handle asked to cancel the op (if it has not started).
+const CANCELLED: u8 = 0b100;
+/// `OpBlock::status`: the op has retired (counted out of its host).
+const RETIRED: u8 = 0b1000;
 
 /// `OpBlock::flags`: the op's generation.
 const GENERATION: u8 = 1;
@@ -136,9 +167,10 @@ pub(crate) struct OpBlock {
     pub(super) anchor: Anchor<Waker>,
     /// The next op its pushing thread adopted (see `reclaim`).
     next_adopted: UnsafeCell<*const OpBlock>,
-    /// 0, or (once an async body leased its `OpCtx`) how many of the future
-    /// and the context still hold the grants: the last one releases them.
-    pub(super) holders: AtomicU8,
+    /// In `LEASE_MASK`: 0, or (once an async body leased its `OpCtx`) how
+    /// many of the future and the context still hold the grants: the last
+    /// one releases them. Plus the `CANCELLED` and `RETIRED` bits.
+    pub(super) status: AtomicU8,
     /// `GENERATION`, `MAINTENANCE` and `NAME_OWNED` bits and the lane,
     /// packed so that the block stays within its size budget (see the test
     /// below).
@@ -149,7 +181,9 @@ pub(crate) struct OpBlock {
     pub(super) host: *const (),
     /// The op's name; an owned name is leaked into it and freed on drop.
     name: Option<&'static str>,
-    edges: Edges,
+    /// Its variables are given up at retiring (`release_vars`), so the
+    /// block's drop frees the list without dropping them again.
+    edges: ManuallyDrop<Edges>,
     /// The counted units the op needs, if any.
     units: Option<Box<OpUnits>>,
 }
@@ -178,7 +212,7 @@ impl OpBlock {
                 + u8::from(matches!(spec.name, Some(Cow::Owned(_)))) * NAME_OWNED
                 + (lane << LANE_SHIFT),
             next_adopted: UnsafeCell::new(std::ptr::null()),
-            holders: AtomicU8::new(0),
+            status: AtomicU8::new(0),
             device: spec.device_index,
             priority: spec.priority,
             host,
@@ -186,7 +220,7 @@ impl OpBlock {
                 Cow::Borrowed(s) => s,
                 Cow::Owned(s) => Box::leak(s.into_boxed_str()),
             }),
-            edges: spec.edges,
+            edges: ManuallyDrop::new(spec.edges),
             units: spec.units,
         }
     }
@@ -264,6 +298,48 @@ impl OpBlock {
         self.countdown.pending()
     }
 
+    /// Asks the op not to run, if it has not started.
+    pub(crate) fn cancel(&self) {
+        self.status.fetch_or(CANCELLED, Relaxed);
+    }
+
+    /// Whether a handle asked to cancel the op.
+    #[inline]
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.status.load(Relaxed) & CANCELLED != 0
+    }
+
+    /// Marks the op retired: nothing it declared waits for it any more.
+    /// The lease count is 0 by then, and cancelling no longer matters.
+    #[inline]
+    pub(super) fn mark_retired(&self) {
+        self.status.store(RETIRED, Release);
+    }
+
+    /// Whether the op has retired: its host counts it out (its handle's
+    /// result may still be on its way).
+    #[inline]
+    pub(crate) fn has_retired(&self) -> bool {
+        self.status.load(Acquire) & RETIRED != 0
+    }
+
+    /// Gives up the op's variables: their values and units may go now, if
+    /// no one else holds them. Chains still may touch the edges themselves.
+    ///
+    /// # Safety
+    ///
+    /// Called once, when the op retires: its edges are completed and
+    /// nothing reads their `var` afterwards.
+    #[inline]
+    pub(super) unsafe fn release_vars(&self) {
+        for e in self.edges() {
+            // SAFETY: each hold is moved out once, here; the block's drop
+            // does not drop it again (`edges` is `ManuallyDrop`), and the
+            // caller guarantees nothing reads it afterwards.
+            drop(unsafe { std::ptr::read(&e.var) });
+        }
+    }
+
     /// Whether the op has run and the chains have released all its edges.
     #[inline]
     pub(crate) fn is_finished(&self) -> bool {
@@ -324,6 +400,18 @@ impl OpBlock {
 
 impl Drop for OpBlock {
     fn drop(&mut self) {
+        // The variables were given up at retiring (every block dropped has
+        // retired: it is freed only after its run's share of `refs` is
+        // counted out, by `retire`): free the list only.
+        // SAFETY: `edges` is not used after this.
+        let edges = unsafe { ManuallyDrop::take(&mut self.edges) };
+        match edges {
+            Few::Many(mut list) => {
+                // SAFETY: length 0 leaves the elements to their `release_vars`.
+                unsafe { list.set_len(0) };
+            }
+            inline => std::mem::forget(inline),
+        }
         if self.name_owned()
             && let Some(name) = self.name.take()
         {

@@ -50,7 +50,7 @@ pub(crate) struct Env<'a> {
 /// let gpu1 = engine.device("gpu1").unwrap();
 /// assert_eq!(gpu1.index(), 1);
 /// let v = engine.new_var();
-/// let device = engine.op().on(gpu1).mutates(&[&v]).run(|ctx| Ok::<_, Error>(ctx.device()))?.wait()?;
+/// let device = engine.op().on(gpu1).mutates(&[&v]).run(|ctx| Ok(ctx.device()))?.wait()?;
 /// assert_eq!(device, gpu1);
 /// # Ok::<(), Error>(())
 /// ```
@@ -94,7 +94,7 @@ impl fmt::Debug for Device {
 /// engine
 ///     .push(&[&a], &[&b], {
 ///         let (a, b) = (a.clone(), b.clone());
-///         move |ctx| -> Result<(), depflow::Error> {
+///         move |ctx| {
 ///             *ctx.write(&b)? = *ctx.read(&a)? + 1;
 ///             Ok(())
 ///         }
@@ -162,7 +162,8 @@ impl OpCtx {
     /// task. From now on the op's future and this context each hold its
     /// grants: the last of the two to go releases them.
     pub(crate) fn leased(op: &OpBlock, env: &Env<'_>, anchor: Waker) -> Self {
-        op.holders.store(2, Ordering::Relaxed);
+        // Not started before: the lease count is 0 (a cancel bit may be set).
+        op.status.fetch_or(2, Ordering::Relaxed);
         Self {
             op,
             borrows: borrows(op),
@@ -356,9 +357,9 @@ impl std::fmt::Debug for OpCtx {
 /// let engine = depflow::Engine::new();
 /// let v = engine.var(vec![1, 2, 3]);
 /// let k = v.key();
-/// let sum = engine.push(&[&v], &[], move |ctx| -> Result<i32, depflow::Error> {
+/// let sum = engine.push(&[&v], &[], move |ctx| {
 ///     let values = ctx.read(k)?; // a VarRef<Vec<i32>>
-///     Ok(values.iter().sum())
+///     Ok(values.iter().sum::<i32>())
 /// })?;
 /// assert_eq!(sum.wait()?, 6);
 /// # Ok::<(), depflow::Error>(())
@@ -396,7 +397,7 @@ impl<T: std::fmt::Debug> std::fmt::Debug for VarRef<'_, T> {
 /// let engine = depflow::Engine::new();
 /// let v = engine.var(String::new());
 /// let k = v.key();
-/// engine.push(&[], &[&v], move |ctx| -> Result<(), depflow::Error> {
+/// engine.push(&[], &[&v], move |ctx| {
 ///     let mut s = ctx.write(k)?; // a VarMut<String>
 ///     s.push_str("written");
 ///     Ok(())

@@ -69,8 +69,11 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
             }
             // An op with units was checked when it became ready; a failed
             // device write may have come in since only with streams.
+            // (Cancelling may have come since.)
             let checked = !streams && op.units().is_some_and(|u| !u.is_skipped());
-            if !checked && let Some(why) = op.blocked_by(streams) {
+            if (!checked || op.is_cancelled())
+                && let Some(why) = op.blocked_by(streams)
+            {
                 this.finished = true;
                 return Poll::Ready(Err(skip(op, why, host)));
             }

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use super::block::{OpBlock, Runner};
+use super::block::{LEASE_MASK, OpBlock, Runner};
 use super::host::Host;
 use super::poison::Skip;
 use super::units::{OpUnits, Returns};
@@ -120,8 +120,10 @@ pub(super) fn finish<H: Host>(op: &OpBlock, outcome: Outcome, host: &H) {
         }
         Outcome::Poisoned(cause) => op.fail(&cause),
     }
-    // `holders` is 0 unless the body leased its context (`OpCtx::leased`).
-    if op.holders.load(Relaxed) != 0 && op.holders.fetch_sub(1, AcqRel) != 1 {
+    // The lease count is 0 unless the body leased its context
+    // (`OpCtx::leased`).
+    if op.status.load(Relaxed) & LEASE_MASK != 0 && op.status.fetch_sub(1, AcqRel) & LEASE_MASK != 1
+    {
         return; // the lease releases the grants when it is dropped
     }
     release_grants(op, host);
@@ -141,7 +143,7 @@ pub(super) fn abandon<H: Host>(op: &OpBlock, host: &H) {
 ///
 /// `op` was spawned with host type `H` and has not retired.
 pub(super) unsafe fn lease_dropped<H: Host>(op: &OpBlock) {
-    if op.holders.fetch_sub(1, AcqRel) == 1 {
+    if op.status.fetch_sub(1, AcqRel) & LEASE_MASK == 1 {
         // SAFETY: forwarded.
         release_grants(op, unsafe { host::<H>(op) });
     }
@@ -214,13 +216,26 @@ pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
             finish(op, Outcome::Failed(failure), host);
             Error::Deleted(var)
         }
+        Skip::Cancelled => {
+            // The outputs were not computed: poisoned, as by a failure; but
+            // the user asked for it, so `wait_all` does not report it.
+            let failure = op.failure(FailureKind::Cancelled);
+            finish(op, Outcome::Poisoned(failure), host);
+            Error::Cancelled
+        }
     }
 }
 
-/// Counts the finished op out of its host, which it never reaches again.
+/// Counts the finished op out of its host, which it never reaches again,
+/// and gives up its variables (whichever thread this is: so a variable
+/// dropped by its user goes, with its units, when its last op retires).
 #[inline]
 pub(super) fn retire<H: Host>(op: &OpBlock, host: &H) {
     host.on_finished(op);
+    // SAFETY: the op retires once, here; its edges are completed, and nothing
+    // reads their variables from now on.
+    unsafe { op.release_vars() };
+    op.mark_retired();
     host.retire(op);
     // The run's share of `refs`. Our caller (the future or the lease) still
     // holds the task, so this cannot free the block.

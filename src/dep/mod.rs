@@ -13,7 +13,8 @@
 //! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
 //! | `ctx` | what a body sees: [`OpCtx`] |
 //! | `own` | the host's own ops: delete, clear poison, wait for a variable |
-//! | `reclaim` | who frees an op: the thread that pushed it |
+//! | `task` | the pusher's side of an op's task: await, ask, cancel |
+//! | `reclaim` | who frees an op's memory: the thread that pushed it |
 //! | `host` | what the layer needs from above: the [`Host`] trait |
 //!
 //! May import: `crate::loom`, `crate::core`, `crate::error`,
@@ -34,6 +35,7 @@ mod poison;
 pub(crate) mod reclaim;
 mod spawn;
 mod stream_op;
+mod task;
 #[cfg(any(test, loom))]
 pub(crate) mod testing;
 mod units;
@@ -47,5 +49,6 @@ pub(crate) use self::future::{in_op, with_current_op};
 pub(crate) use self::host::{Host, new_host_id};
 pub(crate) use self::own::{deletion, unpoisoning, var_wait};
 pub(crate) use self::spawn::{OpTask, spawn};
+pub(crate) use self::task::PushedOp;
 pub(crate) use self::units::OpUnits;
 pub use self::var::{AnyVar, Var, VarKey};

@@ -27,6 +27,8 @@ use crate::error::{OpFailure, VarId};
 pub(crate) enum Skip {
     Poisoned(Arc<OpFailure>),
     Deleted(VarId),
+    /// Its handle cancelled it.
+    Cancelled,
 }
 
 impl OpBlock {
@@ -35,6 +37,9 @@ impl OpBlock {
     /// device writes count (finding them takes a lock per variable).
     #[inline]
     pub(super) fn blocked_by(&self, streams: bool) -> Option<Skip> {
+        if self.is_cancelled() {
+            return Some(Skip::Cancelled);
+        }
         for e in self.edges() {
             // SAFETY: the op holds a grant on every edge.
             if unsafe { e.var.is_live() } {

@@ -1,4 +1,11 @@
-//! Who frees an op: the thread that pushed it.
+//! Who frees an op's memory: the thread that pushed it.
+//!
+//! Only the memory: what the op declared (its variables, their values and
+//! the units they hold) it gives up when it retires, on the thread that
+//! completes it (see `lifecycle::retire`). What is left to free here is the
+//! task allocation itself: the block, and the slot that held the body and
+//! then its output (already dropped unless a handle still holds it). Freeing
+//! it runs no user code.
 //!
 //! An op's allocation (its `async-task` task) must outlive both its run and
 //! the last time a variable's chain touches one of its edges (an appender may
@@ -23,11 +30,14 @@
 //! thread whose decrement brings the count to zero. Both sides meet on that
 //! one word, so exactly one of them drops the anchor.
 //!
-//! The cost: completed ops stay allocated until their pusher pushes or waits
-//! again, at most [`MAX_ADOPTED`] of them per thread (about 16 MiB for small
-//! ops): a thread that pushes a burst and then never touches the engine again
-//! holds that much until it exits. The cap made no measurable difference to
-//! the million-op benchmarks (A/B against a cap of 2^20, median of 5).
+//! The cost: a completed op's memory stays allocated until its pusher
+//! pushes or waits again, or exits. It is bounded: a thread keeps at most
+//! [`MAX_ADOPTED`] ops, and adopts only ops whose body fits in
+//! [`MAX_ADOPTED_BODY`] bytes (bigger ones are orphaned at once), so at most
+//! `MAX_ADOPTED * (MAX_ADOPTED_BODY + 256)` bytes, 5 MiB, per thread, and
+//! about 1 MiB for typical ops (a block and a small closure, 256 bytes).
+//! A thread that pushes a burst and then never touches the engine again holds
+//! that much until it exits.
 
 // `unsafe`: the pushing thread's list of the ops it must free; each block says why it is sound.
 #![allow(unsafe_code)]
@@ -42,7 +52,10 @@ use super::block::OpBlock;
 pub(crate) const RECLAIM_PER_PUSH: usize = 2;
 /// Beyond this many adopted ops, the head is orphaned if it is not finished;
 /// so a thread holds at most this many finished ops.
-pub(crate) const MAX_ADOPTED: usize = 1 << 16;
+pub(crate) const MAX_ADOPTED: usize = 1 << 12;
+/// Ops whose future (body and context) is bigger than this are not adopted:
+/// so that the memory a thread keeps is bounded in bytes, not only in ops.
+pub(crate) const MAX_ADOPTED_BODY: usize = 1024;
 
 /// The ops a thread pushed and has not freed yet, oldest first.
 struct Adopted {
@@ -155,8 +168,15 @@ unsafe fn release(popped: Popped) {
 }
 
 /// Makes the calling thread responsible for freeing `op`, and reclaims a few
-/// finished ops it pushed before.
-pub(crate) fn adopt(op: &OpBlock) {
+/// finished ops it pushed before. `body_size`: the size of the op's future;
+/// a big one is not adopted (see [`MAX_ADOPTED_BODY`]).
+#[inline]
+pub(crate) fn adopt(op: &OpBlock, body_size: usize) {
+    if body_size > MAX_ADOPTED_BODY {
+        // SAFETY: the op was never adopted.
+        unsafe { release(Popped::Overdue(op)) };
+        return;
+    }
     let adopted = ADOPTED.try_with(|a| match a.try_borrow_mut() {
         Ok(mut a) => {
             a.push(op);

@@ -24,6 +24,11 @@ pub(crate) type OpTask<T> = async_task::Task<Result<T, Error>, OpBlock>;
 #[inline]
 pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask<B::Output> {
     let on_streams = spec.lane.is_some();
+    let body_size = if on_streams {
+        size_of::<StreamOpFuture<B, H>>()
+    } else {
+        size_of::<OpFuture<B, H>>()
+    };
     let block = OpBlock::new(spec, std::ptr::from_ref(host).cast());
     let builder = async_task::Builder::new().metadata(block);
     let schedule = async_task::WithInfo(schedule::<H>);
@@ -39,7 +44,7 @@ pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask
         )
     };
     // SAFETY: `runner` was just spawned for this block and never scheduled.
-    unsafe { link_in(runner, host) };
+    unsafe { link_in(runner, host, body_size) };
     task
 }
 
@@ -51,7 +56,7 @@ pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask
 /// `runner` comes straight from `spawn`: never scheduled, its edges never
 /// linked.
 #[inline]
-unsafe fn link_in<H: Host>(runner: Runner, host: &H) {
+unsafe fn link_in<H: Host>(runner: Runner, host: &H, body_size: usize) {
     let op: *const OpBlock = runner.metadata();
     // SAFETY: the block lives in the task allocation, which `runner` keeps
     // alive until it is parked in the countdown, and the anchor keeps alive
@@ -77,7 +82,7 @@ unsafe fn link_in<H: Host>(runner: Runner, host: &H) {
             ready(this, runner, host);
         }
         // This thread frees the op once it is finished.
-        reclaim::adopt(this);
+        reclaim::adopt(this, body_size);
     }
 }
 

@@ -193,7 +193,7 @@ impl Harness {
     }
 
     /// Pushes an op with a synchronous body, as `Engine::push` does.
-    pub fn push<F, T, E>(
+    pub fn push<F, T>(
         &self,
         name: &'static str,
         reads: &[&dyn AnyVar],
@@ -201,9 +201,8 @@ impl Harness {
         f: F,
     ) -> Result<Handle<T>, Error>
     where
-        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        F: FnOnce(&OpCtx) -> Result<T, BoxError> + Send + 'static,
         T: Send + 'static,
-        E: Into<BoxError>,
     {
         self.push_body(name, reads, mutates, Mode::Normal, SyncBody(Some(f)))
     }
@@ -313,15 +312,13 @@ mod tests {
         let v = h.var(0u64);
         let k = v.key();
         let first = h
-            .push("first", &[], &[&v], move |ctx| -> Result<u64, Error> {
+            .push("first", &[], &[&v], move |ctx| {
                 *ctx.write(k)? += 1;
                 Ok(1)
             })
             .unwrap();
         let second = h
-            .push("second", &[&v], &[], move |ctx| {
-                Ok::<_, Error>(*ctx.read(k)?)
-            })
+            .push("second", &[&v], &[], move |ctx| Ok(*ctx.read(k)?))
             .unwrap();
         use Hook::*;
         let of = |name: &str| -> Vec<Hook> {
@@ -351,10 +348,10 @@ mod tests {
         let h = Harness::new();
         let (a, b) = (h.var(0u8), h.var(0u8));
         let failed = h
-            .push("load", &[], &[&a], |_| Err::<(), _>("disk full"))
+            .push("load", &[], &[&a], |_| Err::<(), _>("disk full".into()))
             .unwrap();
         let skipped = h
-            .push("use", &[&a], &[&b], |_| -> Result<(), Error> {
+            .push("use", &[&a], &[&b], |_| -> Result<(), BoxError> {
                 panic!("a skipped op's body ran")
             })
             .unwrap();

@@ -369,7 +369,7 @@ impl<T> Var<T> {
     /// let counter = engine.var(0u64);
     /// let key = counter.key();
     /// for _ in 0..3 {
-    ///     engine.push(&[], &[&counter], move |ctx| -> Result<(), depflow::Error> {
+    ///     engine.push(&[], &[&counter], move |ctx| {
     ///         *ctx.write(key)? += 1;
     ///         Ok(())
     ///     })?;
@@ -437,7 +437,7 @@ impl<T> fmt::Debug for Var<T> {
 /// let engine = Engine::new();
 /// let (a, b) = (engine.var(1), engine.var(2));
 /// let (ka, kb) = (a.key(), b.key());
-/// let r = engine.push(&[&a], &[], move |ctx| -> Result<(), Error> {
+/// let r = engine.push(&[&a], &[], move |ctx| {
 ///     assert_eq!(*ctx.read(ka)?, 1);
 ///     assert!(matches!(ctx.read(kb), Err(Error::NotDeclared(_)))); // b not declared
 ///     Ok(())
@@ -500,7 +500,7 @@ mod sealed {
 /// let engine = Engine::new();
 /// let (tensor, step, tag) = (engine.var(vec![0f32; 16]), engine.var(0u64), engine.new_var());
 /// let inputs: &[&dyn AnyVar] = &[&tensor, &step];
-/// engine.push(inputs, &[&tag], |_| Ok::<_, Error>(()))?;
+/// engine.push(inputs, &[&tag], |_| Ok(()))?;
 /// # Ok::<(), Error>(())
 /// ```
 pub trait AnyVar: sealed::Sealed + Send + Sync {

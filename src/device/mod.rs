@@ -104,10 +104,10 @@ pub fn cuda_device_count() -> usize {
 /// engine.op().on(gpu).mutates(&[&buf]).run(move |ctx| {
 ///     let mem = ctx.write(b)?.clone();
 ///     // Returns at once; the work runs on the stream, in order.
-///     ctx.stream()?.enqueue(move || { *mem.lock().unwrap() += 41; Ok(()) })
+///     Ok(ctx.stream()?.enqueue(move || { *mem.lock().unwrap() += 41; Ok(()) })?)
 /// })?;
 /// // A host op waits for the device work before it runs.
-/// let got = engine.push(&[&buf], &[], move |ctx| Ok::<_, Error>(*ctx.read(b)?.lock().unwrap() + 1))?;
+/// let got = engine.push(&[&buf], &[], move |ctx| Ok(*ctx.read(b)?.lock().unwrap() + 1))?;
 /// assert_eq!(got.wait()?, 42);
 /// # Ok::<(), Error>(())
 /// ```

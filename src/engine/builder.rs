@@ -31,7 +31,7 @@ pub const DEFAULT_DEVICE: &str = "cpu";
 ///     .op()
 ///     .on(gpu0)
 ///     .mutates(&[&v])
-///     .run(|_| Ok::<_, Error>(std::thread::current().name().map(String::from)))?
+///     .run(|_| Ok(std::thread::current().name().map(String::from)))?
 ///     .wait()?;
 /// assert_eq!(ran_on.as_deref(), Some("depflow-gpu0-0"));
 /// # Ok::<(), Error>(())
@@ -76,7 +76,7 @@ impl EngineBuilder {
     /// for _ in 0..100 {
     ///     // Blocks while 2 ops are in flight: memory stays flat however far
     ///     // this loop would otherwise run ahead.
-    ///     engine.op().mutates(&[&v]).when_room().wait()?.run(|_| Ok::<_, Error>(()))?;
+    ///     engine.op().mutates(&[&v]).when_room().wait()?.run(|_| Ok(()))?;
     ///     assert!(engine.in_flight() <= 2);
     /// }
     /// # Ok::<(), Error>(())

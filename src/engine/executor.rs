@@ -132,7 +132,7 @@ impl Executor {
     /// let v = engine.var(1);
     /// let op = engine.push(&[], &[&v], {
     ///     let v = v.clone();
-    ///     move |ctx| -> Result<i32, depflow::Error> { Ok(*ctx.write(&v)? * 7) }
+    ///     move |ctx| { Ok(*ctx.write(&v)? * 7) }
     /// })?;
     /// assert_eq!(op.wait()?, 7);
     /// # Ok::<(), depflow::Error>(())
@@ -219,7 +219,7 @@ impl fmt::Debug for Executor {
 ///     .executor(Executor::custom(move |job| tx.lock().unwrap().send(job).unwrap()))
 ///     .build()?;
 /// let v = engine.new_var();
-/// engine.op().name("step").mutates(&[&v]).run(|_| Ok::<_, Error>(()))?.wait()?;
+/// engine.op().name("step").mutates(&[&v]).run(|_| Ok(()))?.wait()?;
 /// # Ok::<(), Error>(())
 /// ```
 pub struct Job(Runner);

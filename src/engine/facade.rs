@@ -10,9 +10,10 @@ use super::handle::{OpHandle, Wait};
 use super::op_builder::OpBuilder;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
+use crate::dep::VarKey;
 use crate::dep::{
-    AnyVar, Body, Device, OpCtx, OpSpec, Var, deletion, in_op, spawn, unpoisoning, var_wait,
-    with_current_op,
+    AnyVar, AsyncBody, Body, Device, OpCtx, OpSpec, SyncBody, Var, deletion, edges, in_op, spawn,
+    unpoisoning, var_wait, with_current_op,
 };
 use crate::error::{BoxError, Error};
 use crate::resource::Resource;
@@ -44,15 +45,15 @@ use crate::trace::Diagnostics;
 /// // B = A + 1 and C = A + 2 may run in parallel; D = B * C waits for both.
 /// engine.push(&[&a], &[&b], {
 ///     let (a, b) = (a.clone(), b.clone());
-///     move |ctx| -> Result<(), depflow::Error> { *ctx.write(&b)? = *ctx.read(&a)? + 1; Ok(()) }
+///     move |ctx| { *ctx.write(&b)? = *ctx.read(&a)? + 1; Ok(()) }
 /// })?;
 /// engine.push(&[&a], &[&c], {
 ///     let (a, c) = (a.clone(), c.clone());
-///     move |ctx| -> Result<(), depflow::Error> { *ctx.write(&c)? = *ctx.read(&a)? + 2; Ok(()) }
+///     move |ctx| { *ctx.write(&c)? = *ctx.read(&a)? + 2; Ok(()) }
 /// })?;
 /// let d = engine.push(&[&b, &c], &[], {
 ///     let (b, c) = (b.clone(), c.clone());
-///     move |ctx| -> Result<i32, depflow::Error> { Ok(*ctx.read(&b)? * *ctx.read(&c)?) }
+///     move |ctx| { Ok(*ctx.read(&b)? * *ctx.read(&c)?) }
 /// })?;
 /// assert_eq!(d.wait()?, 12);
 /// # Ok::<(), depflow::Error>(())
@@ -129,7 +130,7 @@ impl Engine {
     /// let engine = depflow::Engine::new();
     /// let weights = engine.var(vec![0.0f32; 1024]);
     /// let w = weights.key();
-    /// engine.push(&[], &[&weights], move |ctx| -> Result<(), depflow::Error> {
+    /// engine.push(&[], &[&weights], move |ctx| {
     ///     ctx.write(w)?.fill(0.5);
     ///     Ok(())
     /// })?;
@@ -217,7 +218,7 @@ impl Engine {
     /// ```
     /// let engine = depflow::Engine::new();
     /// let v = engine.new_var();
-    /// engine.op().name("init").mutates(&[&v]).run(|_| Ok::<_, depflow::Error>(()))?.wait()?;
+    /// engine.op().name("init").mutates(&[&v]).run(|_| Ok(()))?.wait()?;
     /// # Ok::<(), depflow::Error>(())
     /// ```
     pub fn op(&self) -> OpBuilder<'_> {
@@ -251,27 +252,28 @@ impl Engine {
     /// let (x, y) = (engine.var(3.0f64), engine.var(0.0f64));
     /// let (xk, yk) = (x.key(), y.key());
     /// // y = x * x: reads x, mutates y.
-    /// let done = engine.push(&[&x], &[&y], move |ctx| -> Result<f64, Error> {
+    /// let done = engine.push(&[&x], &[&y], move |ctx| {
     ///     let v = *ctx.read(xk)? * *ctx.read(xk)?;
     ///     *ctx.write(yk)? = v;
     ///     Ok(v)
     /// })?;
     /// assert_eq!(done.wait()?, 9.0);
-    /// assert!(matches!(engine.push(&[], &[], |_| Ok::<_, Error>(())), Err(Error::NoVars)));
+    /// assert!(matches!(engine.push(&[], &[], |_| Ok(())), Err(Error::NoVars)));
     /// # Ok::<(), Error>(())
     /// ```
-    pub fn push<F, T, E>(
+    pub fn push<F, T>(
         &self,
         reads: &[&dyn AnyVar],
         mutates: &[&dyn AnyVar],
         f: F,
     ) -> Result<OpHandle<T>, Error>
     where
-        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        F: FnOnce(&OpCtx) -> Result<T, BoxError> + Send + 'static,
         T: Send + 'static,
-        E: Into<BoxError>,
     {
-        self.op().reads(reads).mutates(mutates).run(f)
+        // The builder's defaults, without its copies of the lists.
+        let spec = OpSpec::new(edges(reads, mutates, self.shared().id)?);
+        self.push_spec(spec, SyncBody(Some(f)))
     }
 
     /// Pushes an asynchronous op: `f` receives the op's [`OpCtx`] and returns
@@ -291,13 +293,13 @@ impl Engine {
     ///     move |ctx| async move {
     ///         let data = async { vec![1u8, 2, 3] }.await; // e.g. a file read
     ///         ctx.write(&buf)?.extend(data);
-    ///         Ok::<_, depflow::Error>(())
+    ///         Ok(())
     ///     }
     /// })?;
     /// fill.wait()?;
     /// # Ok::<(), depflow::Error>(())
     /// ```
-    pub fn push_async<F, Fut, T, E>(
+    pub fn push_async<F, Fut, T>(
         &self,
         reads: &[&dyn AnyVar],
         mutates: &[&dyn AnyVar],
@@ -305,11 +307,52 @@ impl Engine {
     ) -> Result<OpHandle<T>, Error>
     where
         F: FnOnce(OpCtx) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
         T: Send + 'static,
-        E: Into<BoxError>,
     {
-        self.op().reads(reads).mutates(mutates).run_async(f)
+        let spec = OpSpec::new(edges(reads, mutates, self.shared().id)?);
+        self.push_spec(spec, AsyncBody::new(f))
+    }
+
+    /// A clone of `var`'s value once every mutation pushed on it so far has
+    /// completed: a read op, pushed now, that clones the value. Await the
+    /// handle, or [`wait`](OpHandle::wait) on it.
+    ///
+    /// Resolves to the errors a read op would: [`Error::Poisoned`] for a
+    /// poisoned variable, [`Error::Deleted`], [`Error::ShutDown`] (and
+    /// [`Error::ForeignVar`] for another engine's variable). Inside an op
+    /// that declared `var`, to [`Error::WaitsForItself`].
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.var(vec![1, 2]);
+    /// let k = v.key();
+    /// engine.push(&[], &[&v], move |ctx| {
+    ///     ctx.write(k)?.push(3);
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(engine.get(&v).wait()?, vec![1, 2, 3]);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn get<T>(&self, var: &Var<T>) -> OpHandle<T>
+    where
+        T: Clone + Send + Sync + 'static,
+    {
+        let key = var.key();
+        if declared_here(key) {
+            return OpHandle::ready(Err(Error::WaitsForItself));
+        }
+        let pushed = edges(&[var], &[], self.shared().id).and_then(|edges| {
+            let mut spec = OpSpec::new(edges);
+            spec.name = Some("get".into());
+            self.push_spec(
+                spec,
+                SyncBody(Some(move |ctx: &OpCtx| {
+                    Ok::<_, Error>(ctx.read(key)?.clone())
+                })),
+            )
+        });
+        pushed.unwrap_or_else(|e| OpHandle::ready(Err(e)))
     }
 
     /// Deletes `var` once every op already pushed on it has completed: then
@@ -330,12 +373,12 @@ impl Engine {
     /// let engine = Engine::new();
     /// let buffer = engine.var(vec![0u8; 4096]);
     /// let b = buffer.key();
-    /// engine.push(&[&buffer], &[], move |ctx| Ok::<_, Error>(ctx.read(b)?.len()))?;
+    /// engine.push(&[&buffer], &[], move |ctx| Ok(ctx.read(b)?.len()))?;
     /// // Runs after the read above; the buffer goes back to a pool, say.
     /// let (tx, rx) = std::sync::mpsc::channel();
     /// engine.delete_var(&buffer, move |bytes| tx.send(bytes).unwrap())?.wait()?;
     /// assert_eq!(rx.recv().unwrap().len(), 4096);
-    /// assert!(matches!(engine.push(&[&buffer], &[], |_| Ok::<_, Error>(())), Err(Error::Deleted(_))));
+    /// assert!(matches!(engine.push(&[&buffer], &[], |_| Ok(())), Err(Error::Deleted(_))));
     /// # Ok::<(), Error>(())
     /// ```
     pub fn delete_var<T>(
@@ -362,7 +405,7 @@ impl Engine {
     ///
     /// let engine = Engine::new();
     /// let v = engine.var(0);
-    /// let failing = engine.push(&[], &[&v], |_| Err::<(), _>("bad batch"))?;
+    /// let failing = engine.push(&[], &[&v], |_| Err::<(), _>("bad batch".into()))?;
     /// assert!(failing.wait().is_err());
     /// assert!(matches!(engine.wait_for_var(&v).wait(), Err(Error::Poisoned(_))));
     /// engine.clear_poison(&v)?;
@@ -390,7 +433,7 @@ impl Engine {
     /// let v = engine.var(0u64);
     /// let k = v.key();
     /// for _ in 0..10 {
-    ///     engine.push(&[], &[&v], move |ctx| -> Result<(), depflow::Error> {
+    ///     engine.push(&[], &[&v], move |ctx| {
     ///         *ctx.write(k)? += 1;
     ///         Ok(())
     ///     })?;
@@ -403,10 +446,7 @@ impl Engine {
     where
         T: Send + Sync + 'static,
     {
-        let key = var.key();
-        let own =
-            with_current_op(|op| op.is_some_and(|op| op.edges().iter().any(|e| key.names(&e.var))));
-        if own {
+        if declared_here(var.key()) {
             return Wait::ready(Err(Error::WaitsForItself));
         }
         let pushed =
@@ -430,12 +470,12 @@ impl Engine {
     /// let engine = Engine::new();
     /// let vars: Vec<_> = (0..8).map(|_| engine.new_var()).collect();
     /// for v in &vars {
-    ///     engine.push(&[], &[v], |_| Ok::<_, Error>(()))?;
+    ///     engine.push(&[], &[v], |_| Ok(()))?;
     /// }
     /// engine.wait_all().wait()?;
     /// assert!(vars.iter().all(|v| v.version() == 1));
     ///
-    /// engine.push(&[], &[&vars[0]], |_| Err::<(), _>("out of memory"))?;
+    /// engine.push(&[], &[&vars[0]], |_| Err::<(), _>("out of memory".into()))?;
     /// assert!(matches!(engine.wait_all().wait(), Err(Error::Failures { count: 1, .. })));
     /// # Ok::<(), Error>(())
     /// ```
@@ -458,9 +498,9 @@ impl Engine {
     ///
     /// let engine = Engine::new();
     /// let v = engine.new_var();
-    /// engine.push(&[], &[&v], |_| Ok::<_, Error>(()))?;
+    /// engine.push(&[], &[&v], |_| Ok(()))?;
     /// engine.shutdown().wait()?; // the op above has run
-    /// assert!(matches!(engine.push(&[], &[&v], |_| Ok::<_, Error>(())), Err(Error::ShutDown)));
+    /// assert!(matches!(engine.push(&[], &[&v], |_| Ok(())), Err(Error::ShutDown)));
     /// # Ok::<(), Error>(())
     /// ```
     pub fn shutdown(&self) -> Wait {
@@ -487,4 +527,10 @@ impl Engine {
         spec.generation = shared.admit()?;
         Ok(OpHandle::new(spawn(spec, body, &**shared)))
     }
+}
+
+/// Whether the op running on this thread, if any, declared the variable
+/// `key` names: waiting for the variable there would wait for that op.
+fn declared_here<T>(key: VarKey<T>) -> bool {
+    with_current_op(|op| op.is_some_and(|op| op.edges().iter().any(|e| key.names(&e.var))))
 }

@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use async_task::FallibleTask;
+use futures::future::FusedFuture;
 
 use super::shared::Shared;
 use crate::core::generations::Signal;
-use crate::dep::{OpBlock, OpTask, in_op, reclaim};
+use crate::dep::{OpTask, PushedOp, in_op, reclaim};
 use crate::error::{Error, FailureKind, OpFailure};
 
 /// Blocks the calling thread on `fut`, unless it is inside an op and `fut`
@@ -31,14 +31,15 @@ pub(super) fn block_outside_ops<T>(
 /// was skipped), to its output or its error.
 ///
 /// Dropping the handle never cancels the op: it runs anyway, and its effects
-/// on its variables happen as if the handle were kept.
+/// on its variables happen as if the handle were kept. To keep an op that
+/// has not started from running, [`cancel`](OpHandle::cancel) it.
 ///
 /// ```
 /// let engine = depflow::Engine::new();
 /// let v = engine.var(40);
 /// let handle = engine.push(&[], &[&v], {
 ///     let v = v.clone();
-///     move |ctx| -> Result<i32, depflow::Error> {
+///     move |ctx| {
 ///         *ctx.write(&v)? += 2;
 ///         Ok(*ctx.read(&v)?)
 ///     }
@@ -47,19 +48,76 @@ pub(super) fn block_outside_ops<T>(
 /// # Ok::<(), depflow::Error>(())
 /// ```
 pub struct OpHandle<T> {
-    task: Option<FallibleTask<Result<T, Error>, OpBlock>>,
+    state: HandleState<T>,
+}
+
+enum HandleState<T> {
+    Pushed(PushedOp<T>),
+    /// Decided without pushing (a refused `Engine::get`).
+    Ready(Result<T, Error>),
+    /// The result was taken.
+    Taken,
 }
 
 impl<T> OpHandle<T> {
     pub(crate) fn new(task: OpTask<T>) -> Self {
         Self {
-            task: Some(task.fallible()),
+            state: HandleState::Pushed(PushedOp::new(task)),
         }
     }
 
-    /// Whether the op has finished (its result is ready, or was taken).
+    pub(crate) fn ready(result: Result<T, Error>) -> Self {
+        Self {
+            state: HandleState::Ready(result),
+        }
+    }
+
+    /// Whether the op has finished: it has run (or was skipped), and
+    /// [`Engine::wait_all`](crate::Engine::wait_all) no longer waits for it.
+    /// True from the moment `wait_all` can see it finished, and after the
+    /// result was taken.
     pub fn is_finished(&self) -> bool {
-        self.task.as_ref().is_none_or(|task| task.is_finished())
+        match &self.state {
+            HandleState::Pushed(op) => op.is_finished(),
+            HandleState::Ready(_) | HandleState::Taken => true,
+        }
+    }
+
+    /// Cancels the op if it has not started: then its body never runs, the
+    /// handle resolves to [`Error::Cancelled`], and the variables it would
+    /// have mutated are poisoned (their new values were never computed:
+    /// later ops on them are skipped, until
+    /// [`clear_poison`](crate::Engine::clear_poison)). A cancelled op still
+    /// waits for its turn on its variables, then finishes at once without
+    /// taking its resource units. [`Engine::wait_all`](crate::Engine::wait_all)
+    /// does not report it as a failure.
+    ///
+    /// An op that has started runs to its end, and its handle resolves as
+    /// usual; await the handle to know which happened.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let (gate, v) = (engine.new_var(), engine.var(0));
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// // Holds `gate` until we say so.
+    /// engine.push(&[], &[&gate], move |_| Ok(rx.recv()?))?;
+    /// let k = v.key();
+    /// let late = engine.push(&[&gate], &[&v], move |ctx| {
+    ///     *ctx.write(k)? = 1;
+    ///     Ok(())
+    /// })?;
+    /// late.cancel(); // it cannot have started: `gate` is held
+    /// tx.send(()).unwrap();
+    /// assert!(matches!(late.wait(), Err(Error::Cancelled)));
+    /// assert!(matches!(engine.get(&v).wait(), Err(Error::Poisoned(_))));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn cancel(&self) {
+        if let HandleState::Pushed(op) = &self.state {
+            op.cancel();
+        }
     }
 
     /// Blocks the calling thread until the op has finished, and returns its
@@ -78,18 +136,13 @@ impl<T> OpHandle<T> {
 impl<T> Future for OpHandle<T> {
     type Output = Result<T, Error>;
 
+    /// Resolves once; polled again after that, it stays pending (see its
+    /// [`FusedFuture`] implementation).
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let task = self
-            .task
-            .as_mut()
-            .expect("OpHandle polled after completion");
-        match Pin::new(task).poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(out) => {
-                // Completed: nothing left to detach.
-                self.task = None;
-                reclaim::collect();
-                Poll::Ready(out.unwrap_or_else(|| {
+        let out = match &mut self.state {
+            HandleState::Pushed(op) => match op.poll_result(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(out) => out.unwrap_or_else(|| {
                     // The task closed without output: its future was dropped
                     // before finishing, which released its grants with a
                     // failure of the same kind (named after the op).
@@ -97,27 +150,49 @@ impl<T> Future for OpHandle<T> {
                         None,
                         FailureKind::Dropped,
                     ))))
-                }))
+                }),
+            },
+            HandleState::Ready(_) => {
+                let HandleState::Ready(out) =
+                    std::mem::replace(&mut self.state, HandleState::Taken)
+                else {
+                    unreachable!()
+                };
+                return Poll::Ready(out);
             }
-        }
+            HandleState::Taken => return Poll::Pending,
+        };
+        // Completed: nothing left to detach.
+        self.state = HandleState::Taken;
+        reclaim::collect();
+        Poll::Ready(out)
+    }
+}
+
+// Nothing in a handle is pinned: the task lives on the heap, and a ready
+// result is moved out whole.
+impl<T> Unpin for OpHandle<T> {}
+
+impl<T> FusedFuture for OpHandle<T> {
+    /// True once the handle has resolved (as `select!` loops expect).
+    fn is_terminated(&self) -> bool {
+        matches!(self.state, HandleState::Taken)
     }
 }
 
 impl<T> Drop for OpHandle<T> {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.detach();
+        if let HandleState::Pushed(op) = std::mem::replace(&mut self.state, HandleState::Taken) {
+            op.detach();
         }
     }
 }
 
 impl<T> std::fmt::Debug for OpHandle<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut d = f.debug_struct("OpHandle");
-        if let Some(task) = &self.task {
-            d.field("finished", &task.is_finished());
-        }
-        d.finish()
+        f.debug_struct("OpHandle")
+            .field("finished", &self.is_finished())
+            .finish()
     }
 }
 
@@ -131,7 +206,7 @@ impl<T> std::fmt::Debug for OpHandle<T> {
 /// ```
 /// let engine = depflow::Engine::new();
 /// let v = engine.new_var();
-/// engine.push(&[], &[&v], |_| Ok::<_, depflow::Error>(()))?;
+/// engine.push(&[], &[&v], |_| Ok(()))?;
 /// let all = engine.wait_all(); // covers the push above, whenever awaited
 /// futures::executor::block_on(all)?; // or `all.wait()?`
 /// # Ok::<(), depflow::Error>(())
@@ -149,6 +224,8 @@ enum WaitFor {
         shared: Arc<Shared>,
         report_failures: bool,
     },
+    /// Resolved.
+    Done,
 }
 
 impl Wait {
@@ -179,6 +256,7 @@ impl Wait {
             WaitFor::Ready(_) => true,
             WaitFor::Op(h) => h.is_finished(),
             WaitFor::Drain { signal, .. } => signal.is_fired(),
+            WaitFor::Done => true,
         }
     }
 
@@ -196,12 +274,12 @@ impl Wait {
 impl Future for Wait {
     type Output = Result<(), Error>;
 
+    /// Resolves once; polled again after that, it stays pending (see its
+    /// [`FusedFuture`] implementation).
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.inner {
-            WaitFor::Ready(result) => {
-                Poll::Ready(result.take().expect("Wait polled after completion"))
-            }
-            WaitFor::Op(handle) => Pin::new(handle).poll(cx),
+        let out = match &mut self.inner {
+            WaitFor::Ready(result) => result.take().unwrap_or(Ok(())),
+            WaitFor::Op(handle) => std::task::ready!(Pin::new(handle).poll(cx)),
             WaitFor::Drain {
                 signal,
                 shared,
@@ -210,13 +288,23 @@ impl Future for Wait {
                 std::task::ready!(signal.poll_fired(cx));
                 // Everything this thread pushed before is finished: free it.
                 reclaim::drain();
-                Poll::Ready(if *report_failures {
+                if *report_failures {
                     shared.take_failures()
                 } else {
                     Ok(())
-                })
+                }
             }
-        }
+            WaitFor::Done => return Poll::Pending,
+        };
+        self.inner = WaitFor::Done;
+        Poll::Ready(out)
+    }
+}
+
+impl FusedFuture for Wait {
+    /// True once the wait has resolved (as `select!` loops expect).
+    fn is_terminated(&self) -> bool {
+        matches!(self.inner, WaitFor::Done)
     }
 }
 

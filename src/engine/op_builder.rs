@@ -8,6 +8,7 @@ use std::future::Future;
 
 use super::Engine;
 use super::handle::{OpHandle, block_outside_ops};
+use crate::core::few::Few;
 use crate::dep::{
     AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges,
 };
@@ -28,10 +29,10 @@ use crate::resource::Resource;
 ///     .mutates(&[&grad])
 ///     .run({
 ///         let grad = grad.clone();
-///         move |ctx| -> Result<f32, depflow::Error> {
+///         move |ctx| {
 ///             let mut g = ctx.write(&grad)?;
 ///             g.iter_mut().for_each(|x| *x *= 0.5);
-///             Ok(g.iter().sum())
+///             Ok(g.iter().sum::<f32>())
 ///         }
 ///     })?;
 /// assert_eq!(handle.wait()?, 4.0);
@@ -40,8 +41,10 @@ use crate::resource::Resource;
 #[must_use = "an OpBuilder does nothing until `run` or `run_async`"]
 pub struct OpBuilder<'a> {
     engine: &'a Engine,
-    reads: &'a [&'a dyn AnyVar],
-    mutates: &'a [&'a dyn AnyVar],
+    /// What `reads` and `mutates` declared so far (they add up); copied,
+    /// so that the caller's slices need not outlive the statement.
+    reads: Few<&'a dyn AnyVar>,
+    mutates: Few<&'a dyn AnyVar>,
     name: Option<Cow<'static, str>>,
     priority: i32,
     device: Option<Device>,
@@ -78,8 +81,8 @@ impl<'a> OpBuilder<'a> {
     pub(super) fn new(engine: &'a Engine) -> Self {
         Self {
             engine,
-            reads: &[],
-            mutates: &[],
+            reads: Few::default(),
+            mutates: Few::default(),
             name: None,
             priority: 0,
             device: None,
@@ -90,15 +93,32 @@ impl<'a> OpBuilder<'a> {
         }
     }
 
-    /// The variables the op reads.
-    pub fn reads(mut self, vars: &'a [&'a dyn AnyVar]) -> Self {
-        self.reads = vars;
+    /// Adds variables the op reads (calls add up).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let (a, b, out) = (engine.var(1), engine.var(2), engine.var(0));
+    /// // A builder can be split across statements; declarations add up.
+    /// let mut op = engine.op().reads(&[&a]);
+    /// op = op.reads(&[&b]).mutates(&[&out]);
+    /// let (ka, kb, ko) = (a.key(), b.key(), out.key());
+    /// op.run(move |ctx| {
+    ///     *ctx.write(ko)? = *ctx.read(ka)? + *ctx.read(kb)?;
+    ///     Ok(())
+    /// })?
+    /// .wait()?;
+    /// assert_eq!(engine.get(&out).wait()?, 3);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn reads(mut self, vars: &[&'a dyn AnyVar]) -> Self {
+        vars.iter().for_each(|v| self.reads.push(*v));
         self
     }
 
-    /// The variables the op mutates.
-    pub fn mutates(mut self, vars: &'a [&'a dyn AnyVar]) -> Self {
-        self.mutates = vars;
+    /// Adds variables the op mutates (calls add up). A variable both read
+    /// and mutated counts as mutated.
+    pub fn mutates(mut self, vars: &[&'a dyn AnyVar]) -> Self {
+        vars.iter().for_each(|v| self.mutates.push(*v));
         self
     }
 
@@ -140,7 +160,7 @@ impl<'a> OpBuilder<'a> {
     ///     .on(gpu)
     ///     .lane(Lane::HostToDevice)
     ///     .mutates(&[&v])
-    ///     .run(|ctx| Ok::<_, Error>(ctx.stream()?.lane()))?;
+    ///     .run(|ctx| Ok(ctx.stream()?.lane()))?;
     /// assert_eq!(lane.wait()?, Lane::HostToDevice);
     /// # Ok::<(), Error>(())
     /// ```
@@ -165,8 +185,8 @@ impl<'a> OpBuilder<'a> {
     /// let streams = engine.new_resource("streams", 1);
     /// let (a, b) = (engine.new_var(), engine.new_var());
     /// // Independent variables, but one stream: the two never overlap.
-    /// let first = engine.op().mutates(&[&a]).uses(&streams, 1).run(|_| Ok::<_, Error>(()))?;
-    /// let second = engine.op().mutates(&[&b]).uses(&streams, 1).run(|_| Ok::<_, Error>(()))?;
+    /// let first = engine.op().mutates(&[&a]).uses(&streams, 1).run(|_| Ok(()))?;
+    /// let second = engine.op().mutates(&[&b]).uses(&streams, 1).run(|_| Ok(()))?;
     /// first.wait()?;
     /// second.wait()?;
     /// assert_eq!(streams.in_use(), 0);
@@ -223,7 +243,7 @@ impl<'a> OpBuilder<'a> {
     /// let engine = Engine::builder().max_in_flight(8).build()?;
     /// let v = engine.new_var();
     /// for _ in 0..100 {
-    ///     engine.op().mutates(&[&v]).when_room().await?.run(|_| Ok::<_, Error>(()))?;
+    ///     engine.op().mutates(&[&v]).when_room().await?.run(|_| Ok(()))?;
     /// }
     /// engine.wait_all().await?;
     /// # Ok::<(), Error>(()) }).unwrap();
@@ -271,11 +291,10 @@ impl<'a> OpBuilder<'a> {
     /// # Errors
     ///
     /// As for [`Engine::push`].
-    pub fn run<F, T, E>(self, f: F) -> Result<OpHandle<T>, Error>
+    pub fn run<F, T>(self, f: F) -> Result<OpHandle<T>, Error>
     where
-        F: FnOnce(&OpCtx) -> Result<T, E> + Send + 'static,
+        F: FnOnce(&OpCtx) -> Result<T, BoxError> + Send + 'static,
         T: Send + 'static,
-        E: Into<BoxError>,
     {
         self.push(SyncBody(Some(f)))
     }
@@ -285,12 +304,11 @@ impl<'a> OpBuilder<'a> {
     /// # Errors
     ///
     /// As for [`Engine::push`].
-    pub fn run_async<F, Fut, T, E>(self, f: F) -> Result<OpHandle<T>, Error>
+    pub fn run_async<F, Fut, T>(self, f: F) -> Result<OpHandle<T>, Error>
     where
         F: FnOnce(OpCtx) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
         T: Send + 'static,
-        E: Into<BoxError>,
     {
         self.push(AsyncBody::new(f))
     }
@@ -303,7 +321,11 @@ impl<'a> OpBuilder<'a> {
         if let Some(e) = self.invalid {
             return Err(e);
         }
-        let edges = edges(self.reads, self.mutates, engine.shared().id)?;
+        let edges = edges(
+            self.reads.as_slice(),
+            self.mutates.as_slice(),
+            engine.shared().id,
+        )?;
         if let Some(r) = &mut self.units {
             if let Some((resource, requested)) = r.over_capacity() {
                 return Err(Error::OverCapacity {

@@ -51,13 +51,13 @@ pub(crate) trait Ledger: Send + Sync {
 ///     .mutates(&[&output])
 ///     .uses(&memory, 1)
 ///     .allocates(&memory, 2, &output)
-///     .run(|_| Ok::<_, Error>(()))?
+///     .run(|_| Ok(()))?
 ///     .wait()?;
 /// assert_eq!(memory.in_use(), 2);
 /// engine.delete_var(&output, drop)?.wait()?;
 /// assert_eq!(memory.in_use(), 0);
 /// // Asking for more than there is fails at push, not by hanging.
-/// let too_much = engine.op().mutates(&[&input]).uses(&memory, 5).run(|_| Ok::<_, Error>(()));
+/// let too_much = engine.op().mutates(&[&input]).uses(&memory, 5).run(|_| Ok(()));
 /// assert!(matches!(too_much, Err(Error::OverCapacity { .. })));
 /// # Ok::<(), Error>(())
 /// ```

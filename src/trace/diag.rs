@@ -23,10 +23,10 @@ use crate::error::VarId;
 /// let memory = engine.new_resource("memory", 2);
 /// let (held, x, y) = (engine.new_var(), engine.new_var(), engine.new_var());
 /// // `held` keeps both units until it is deleted...
-/// engine.op().mutates(&[&held]).allocates(&memory, 2, &held).run(|_| Ok::<_, Error>(()))?.wait()?;
+/// engine.op().mutates(&[&held]).allocates(&memory, 2, &held).run(|_| Ok(()))?.wait()?;
 /// // ...so this op cannot start, and the next one waits for it.
-/// engine.op().name("needs memory").mutates(&[&x]).uses(&memory, 1).run(|_| Ok::<_, Error>(()))?;
-/// engine.op().name("after it").reads(&[&x]).mutates(&[&y]).run(|_| Ok::<_, Error>(()))?;
+/// engine.op().name("needs memory").mutates(&[&x]).uses(&memory, 1).run(|_| Ok(()))?;
+/// engine.op().name("after it").reads(&[&x]).mutates(&[&y]).run(|_| Ok(()))?;
 ///
 /// let report = engine.diagnostics();
 /// assert_eq!(report.waiting_for_units()[0].name(), Some("needs memory"));
