@@ -1,7 +1,9 @@
 //! The CUDA device (`--features cuda`): real kernels and copies on real
-//! streams. Where there is no driver or no GPU each test prints why it is
-//! skipped and passes; `no_such_device_is_a_config_error` runs everywhere
-//! (it checks that a missing driver is an error, not a panic).
+//! streams. Where there is no driver or no GPU each test prints `SKIPPED`
+//! and why (visibly: not captured by the test harness) and passes, unless
+//! `DEPFLOW_REQUIRE_GPU=1`, which makes a skip a failure (for a machine that
+//! has a GPU). `no_such_device_is_a_config_error` runs everywhere (it checks
+//! that a missing driver is an error, not a panic).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -22,13 +24,11 @@ extern "C" __global__ void bump(unsigned int* x, unsigned int expect) {
 /// The engine and the kernel, or None (printed) where there is no GPU.
 fn gpu() -> Option<(Engine, depflow::Device, CudaFunction, Arc<CudaContext>)> {
     if depflow::stream::cuda_device_count() == 0 {
-        eprintln!("skipped: no CUDA device (no driver, or no GPU)");
-        return None;
+        return skip("no CUDA device (no driver, or no GPU)");
     }
     // SAFETY: only tries to open the library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("skipped: NVRTC not found (it compiles the test kernel)");
-        return None;
+        return skip("NVRTC not found (it compiles the test kernel)");
     }
     let engine = Engine::builder()
         .threads(2)
@@ -40,6 +40,21 @@ fn gpu() -> Option<(Engine, depflow::Device, CudaFunction, Arc<CudaContext>)> {
     let f = ctx.load_module(ptx).unwrap().load_function("bump").unwrap();
     let gpu = engine.device("gpu").unwrap();
     Some((engine, gpu, f, ctx))
+}
+
+/// Reports a skipped test where the user sees it (the harness captures
+/// `eprintln!`, not writes to the stream), or fails it if a GPU is required.
+fn skip<T>(why: &str) -> Option<T> {
+    use std::io::Write;
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("a cuda test")
+        .to_owned();
+    if std::env::var("DEPFLOW_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        panic!("DEPFLOW_REQUIRE_GPU=1, but {why}");
+    }
+    let _ = writeln!(std::io::stderr(), "SKIPPED {name}: {why}");
+    None
 }
 
 #[test]

@@ -70,9 +70,7 @@ fn a_dropped_variable_frees_its_value_when_its_last_op_completes() {
     let x = engine.var(drops.token());
     let gate = engine.new_var();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    engine
-        .push(&[], &[&gate], move |_| Ok(rx.recv()?))
-        .unwrap();
+    engine.push(&[], &[&gate], move |_| Ok(rx.recv()?)).unwrap();
     engine.push(&[&gate, &x], &[], |_| Ok(())).unwrap();
     drop(x);
     assert_eq!(drops.dropped(), 0, "an op still needs the value");
@@ -207,7 +205,10 @@ fn get_returns_the_value_after_pending_writes() {
     let got = engine.get(&v).wait().unwrap();
     assert_eq!(got, (0..100).collect::<Vec<_>>());
     // Awaitable too; and refused input resolves to the error.
-    assert_eq!(futures::executor::block_on(engine.get(&v)).unwrap().len(), 100);
+    assert_eq!(
+        futures::executor::block_on(engine.get(&v)).unwrap().len(),
+        100
+    );
     let other = Engine::builder().threads(1).build().unwrap();
     assert!(matches!(other.get(&v).wait(), Err(Error::ForeignVar(_))));
 }

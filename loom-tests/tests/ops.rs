@@ -85,17 +85,18 @@ fn spawn_worker(h: &Harness, ops: usize) -> thread::JoinHandle<()> {
     })
 }
 
-/// Ends a model: the main thread frees the ops it pushed; other threads
-/// freed theirs when they exited (joined before).
+/// Ends a model: every variable was freed when its last op retired (before
+/// any pusher frees its ops' memory); then the main thread frees the ops it
+/// pushed (other threads freed theirs when they exited, joined before).
 fn finish_model(h: &Harness, ops: usize, drops: &AtomicUsize, vars: usize) {
     assert_eq!(h.retired(), ops, "every op retires once");
-    reclaim_finished();
-    assert!(!holds_pushed_ops(), "the main thread freed all it pushed");
     assert_eq!(
         drops.load(AcqRel),
         vars,
-        "every variable freed once, with the last op on it"
+        "every variable freed once, when the last op on it retired"
     );
+    reclaim_finished();
+    assert!(!holds_pushed_ops(), "the main thread freed all it pushed");
 }
 
 /// A write is running on a worker while another thread pushes a read of its
@@ -200,12 +201,14 @@ fn poison_passes_down_while_ops_are_pushed() {
         let dropped = drops();
         let (a, b) = two_vars(&h, &dropped);
         let failing = h
-            .push("load", &[], &[&a], |_| Err::<(), _>("disk full"))
+            .push("load", &[], &[&a], |_| Err::<(), _>("disk full".into()))
             .unwrap();
         let pusher = thread::spawn({
             let (h, a, b) = (h.clone(), a.clone(), b.clone());
             move || {
-                let never = |_: &depflow::OpCtx| panic!("a skipped op's body ran");
+                let never = |_: &depflow::OpCtx| -> Result<(), depflow::BoxError> {
+                    panic!("a skipped op's body ran")
+                };
                 let x = h.push("x", &[&a], &[&b], never).unwrap();
                 let y = h.push("y", &[&b], &[], never).unwrap();
                 for skipped in [x, y] {
@@ -303,7 +306,7 @@ fn a_leased_context_holds_the_grants_until_dropped() {
             move |ctx| async move {
                 ctx.write(ka)?.set(1);
                 *stash.lock().unwrap() = Some(ctx);
-                Ok(())
+                Ok::<_, Error>(())
             }
         })
         .unwrap()
@@ -365,5 +368,40 @@ fn a_pusher_exits_while_its_op_runs() {
         pusher.join().unwrap();
         worker.join().unwrap();
         finish_model(&h, 1, &dropped, 1);
+    });
+}
+
+/// A handle cancels an op while a worker starts it. Either the op ran (its
+/// write is seen, nothing is poisoned) or it was cancelled (its body never
+/// ran, its output is poisoned, and the op pushed after it is skipped with
+/// that cause); never a mix. Both ops retire and free the variable once.
+#[test]
+fn cancel_races_with_the_start() {
+    loom::model(|| {
+        let h = Harness::new();
+        let dropped = drops();
+        let a = h.var(Cell::new(0, &dropped));
+        let ka = a.key();
+        let write = h
+            .push("write", &[], &[&a], move |ctx| {
+                ctx.write(ka)?.set(1);
+                Ok(())
+            })
+            .unwrap();
+        let read = h
+            .push("read", &[&a], &[], move |ctx| Ok(ctx.read(ka)?.get()))
+            .unwrap();
+        drop(a);
+        let worker = spawn_worker(&h, 2);
+        write.cancel();
+        match (write.wait(), read.wait()) {
+            (Ok(()), Ok(value)) => assert_eq!(value, 1),
+            (Err(Error::Cancelled), Err(Error::Poisoned(cause))) => {
+                assert_eq!(cause.op_name(), Some("write"));
+            }
+            other => panic!("a mixed outcome: {other:?}"),
+        }
+        worker.join().unwrap();
+        finish_model(&h, 2, &dropped, 1);
     });
 }

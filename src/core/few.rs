@@ -37,6 +37,25 @@ impl<T> Few<T> {
         }
     }
 
+    /// Appends clones of `values`: for an empty list, as one step.
+    #[inline]
+    pub fn extend_from_slice(&mut self, values: &[T])
+    where
+        T: Clone,
+    {
+        if matches!(self, Few::Many(v) if v.capacity() == 0) {
+            let new = match values {
+                [a] => Few::One(a.clone()),
+                [a, b] => Few::Two([a.clone(), b.clone()]),
+                _ => Few::Many(values.to_vec()),
+            };
+            // Replacing an empty, unallocated `Vec`: nothing to drop.
+            std::mem::forget(std::mem::replace(self, new));
+        } else {
+            values.iter().for_each(|v| self.push(v.clone()));
+        }
+    }
+
     /// Appends `value`.
     #[inline]
     pub fn push(&mut self, value: T) {

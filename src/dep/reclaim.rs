@@ -34,8 +34,8 @@
 //! pushes or waits again, or exits. It is bounded: a thread keeps at most
 //! [`MAX_ADOPTED`] ops, and adopts only ops whose body fits in
 //! [`MAX_ADOPTED_BODY`] bytes (bigger ones are orphaned at once), so at most
-//! `MAX_ADOPTED * (MAX_ADOPTED_BODY + 256)` bytes, 5 MiB, per thread, and
-//! about 1 MiB for typical ops (a block and a small closure, 256 bytes).
+//! `MAX_ADOPTED * (MAX_ADOPTED_BODY + 256)` bytes, 80 MiB, per thread, and
+//! 16 MiB for typical ops (a block and a small closure, 256 bytes).
 //! A thread that pushes a burst and then never touches the engine again holds
 //! that much until it exits.
 
@@ -52,7 +52,7 @@ use super::block::OpBlock;
 pub(crate) const RECLAIM_PER_PUSH: usize = 2;
 /// Beyond this many adopted ops, the head is orphaned if it is not finished;
 /// so a thread holds at most this many finished ops.
-pub(crate) const MAX_ADOPTED: usize = 1 << 12;
+pub(crate) const MAX_ADOPTED: usize = 1 << 16;
 /// Ops whose future (body and context) is bigger than this are not adopted:
 /// so that the memory a thread keeps is bounded in bytes, not only in ops.
 pub(crate) const MAX_ADOPTED_BODY: usize = 1024;

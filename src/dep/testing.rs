@@ -152,6 +152,11 @@ impl<T> Handle<T> {
         futures::executor::block_on(self.0)
     }
 
+    /// Asks the op not to run, if it has not started (`OpHandle::cancel`).
+    pub fn cancel(&self) {
+        self.0.metadata().cancel();
+    }
+
     /// Lets the op run to the end without anyone waiting for it.
     pub fn detach(self) {
         self.0.detach();

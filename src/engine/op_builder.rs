@@ -110,19 +110,22 @@ impl<'a> OpBuilder<'a> {
     /// assert_eq!(engine.get(&out).wait()?, 3);
     /// # Ok::<(), depflow::Error>(())
     /// ```
+    #[inline]
     pub fn reads(mut self, vars: &[&'a dyn AnyVar]) -> Self {
-        vars.iter().for_each(|v| self.reads.push(*v));
+        self.reads.extend_from_slice(vars);
         self
     }
 
     /// Adds variables the op mutates (calls add up). A variable both read
     /// and mutated counts as mutated.
+    #[inline]
     pub fn mutates(mut self, vars: &[&'a dyn AnyVar]) -> Self {
-        vars.iter().for_each(|v| self.mutates.push(*v));
+        self.mutates.extend_from_slice(vars);
         self
     }
 
     /// A name for errors and `Debug` output.
+    #[inline]
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = Some(name.into());
         self
@@ -130,12 +133,14 @@ impl<'a> OpBuilder<'a> {
 
     /// A priority among ready ops (default 0; higher runs first). Honoured by
     /// the pool executor; it never overrides dependencies.
+    #[inline]
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
         self
     }
 
     /// The device to run on (default: the engine's default device).
+    #[inline]
     pub fn on(mut self, device: Device) -> Self {
         self.device = Some(device);
         self
@@ -164,6 +169,7 @@ impl<'a> OpBuilder<'a> {
     /// assert_eq!(lane.wait()?, Lane::HostToDevice);
     /// # Ok::<(), Error>(())
     /// ```
+    #[inline]
     pub fn lane(mut self, lane: Lane) -> Self {
         self.lane = Some(lane);
         self
@@ -192,6 +198,7 @@ impl<'a> OpBuilder<'a> {
     /// assert_eq!(streams.in_use(), 0);
     /// # Ok::<(), Error>(())
     /// ```
+    #[inline]
     pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
         self.add_units(resource, units, None);
         self
@@ -211,6 +218,7 @@ impl<'a> OpBuilder<'a> {
     ///
     /// As for [`uses`](Self::uses), and [`Error::NotMutable`] (reported by
     /// `run`) if the op does not mutate `output`.
+    #[inline]
     pub fn allocates(mut self, resource: &Resource, units: u64, output: &'a dyn AnyVar) -> Self {
         self.allocations.push(output);
         self.add_units(resource, units, Some(self.allocations.len() - 1));
