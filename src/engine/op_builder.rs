@@ -399,10 +399,17 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn with<A: super::typed_op::Accesses<'a>>(
-        self,
+        mut self,
         accesses: A,
     ) -> super::typed_op::TypedOp<'a, A::Keys> {
-        super::typed_op::TypedOp::new(self, accesses)
+        let (vars, keys, duplicate) = accesses.declare();
+        for &(var, mutated) in vars.as_ref() {
+            match mutated {
+                true => self.mutates.push(var),
+                false => self.reads.push(var),
+            }
+        }
+        super::typed_op::TypedOp::new(self, keys, duplicate)
     }
 }
 

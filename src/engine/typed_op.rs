@@ -109,13 +109,21 @@ pub trait Access<'a>: sealed::Sealed {
 
 /// The accesses an op declares, as [`OpBuilder::with`] takes them: one
 /// [`Access`], or a tuple of up to eight. Sealed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an op's accesses",
+    label = "expected `read(&var)`, `write(&var)`, or a tuple of up to eight of them",
+    note = "declare with `depflow::read(&var)` (the body gets `&T`) or `depflow::write(&var)` (`&mut T`)"
+)]
 pub trait Accesses<'a>: sealed::Sealed {
     /// What the body keeps of them.
     type Keys: AccessKeys;
-    /// Declares the variables on `builder`; returns their keys, and the
-    /// error a variable that appears twice (mutated at least once) makes.
+    /// Each variable and whether it is mutated, in order.
     #[doc(hidden)]
-    fn declare(self, builder: OpBuilder<'a>) -> (OpBuilder<'a>, Self::Keys, Option<Error>);
+    type Vars: AsRef<[(&'a dyn AnyVar, bool)]>;
+    /// The variables, their keys, and a variable that appears twice,
+    /// mutated at least once.
+    #[doc(hidden)]
+    fn declare(self) -> (Self::Vars, Self::Keys, Option<VarId>);
 }
 
 /// The keys of an op's declared accesses, and what they give its body.
@@ -183,24 +191,15 @@ impl<T: Send + Sync + 'static> AccessKeys for WriteKey<T> {
     }
 }
 
-/// Adds one access's variable to the builder.
+/// A variable that accesses name twice, one of them a write: its body
+/// could not hold both borrows.
 #[inline]
-fn add<'a>(builder: OpBuilder<'a>, var: &'a dyn AnyVar, mutated: bool) -> OpBuilder<'a> {
-    if mutated {
-        builder.mutates(&[var])
-    } else {
-        builder.reads(&[var])
-    }
-}
-
-/// The error for accesses naming one variable twice, one of them a write:
-/// its body could not hold both borrows.
-fn duplicate(declared: &[(VarId, bool)]) -> Option<Error> {
+fn duplicate(declared: &[(VarId, bool)]) -> Option<VarId> {
     declared.iter().enumerate().find_map(|(i, &(id, mutated))| {
         declared[i + 1..]
             .iter()
             .any(|&(other, m)| other == id && (mutated || m))
-            .then_some(Error::Borrowed(id))
+            .then_some(id)
     })
 }
 
@@ -208,10 +207,11 @@ macro_rules! single {
     ($($access:ident),*) => {$(
         impl<'a, T: Send + Sync + 'static> Accesses<'a> for $access<'a, T> {
             type Keys = <Self as Access<'a>>::Key;
+            type Vars = [(&'a dyn AnyVar, bool); 1];
             #[inline]
-            fn declare(self, builder: OpBuilder<'a>) -> (OpBuilder<'a>, Self::Keys, Option<Error>) {
+            fn declare(self) -> (Self::Vars, Self::Keys, Option<VarId>) {
                 let (var, _, mutated, key) = Access::declare(self);
-                (add(builder, var, mutated), key, None)
+                ([(var, mutated)], key, None)
             }
         }
     )*};
@@ -219,18 +219,18 @@ macro_rules! single {
 single!(Read, Write);
 
 macro_rules! tuples {
-    ($(($($a:ident $k:ident $g:ident),*))*) => {$(
+    ($($n:literal ($($a:ident $k:ident $g:ident),*))*) => {$(
         impl<$($a),*> sealed::Sealed for ($($a,)*) {}
 
         impl<'a, $($a: Access<'a>),*> Accesses<'a> for ($($a,)*) {
             type Keys = ($($a::Key,)*);
+            type Vars = [(&'a dyn AnyVar, bool); $n];
             #[inline]
-            fn declare(self, builder: OpBuilder<'a>) -> (OpBuilder<'a>, Self::Keys, Option<Error>) {
+            fn declare(self) -> (Self::Vars, Self::Keys, Option<VarId>) {
                 let ($($a,)*) = self;
                 $(let $a = $a.declare();)*
-                $(let builder = add(builder, $a.0, $a.2);)*
-                let invalid = duplicate(&[$(($a.1, $a.2)),*]);
-                (builder, ($($a.3,)*), invalid)
+                let duplicate = duplicate(&[$(($a.1, $a.2)),*]);
+                ([$(($a.0, $a.2)),*], ($($a.3,)*), duplicate)
             }
         }
 
@@ -255,14 +255,14 @@ macro_rules! tuples {
 mod tuple_impls {
     use super::*;
     tuples! {
-        (A0 K0 g0)
-        (A0 K0 g0, A1 K1 g1)
-        (A0 K0 g0, A1 K1 g1, A2 K2 g2)
-        (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3)
-        (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4)
-        (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4, A5 K5 g5)
-        (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4, A5 K5 g5, A6 K6 g6)
-        (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4, A5 K5 g5, A6 K6 g6, A7 K7 g7)
+        1 (A0 K0 g0)
+        2 (A0 K0 g0, A1 K1 g1)
+        3 (A0 K0 g0, A1 K1 g1, A2 K2 g2)
+        4 (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3)
+        5 (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4)
+        6 (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4, A5 K5 g5)
+        7 (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4, A5 K5 g5, A6 K6 g6)
+        8 (A0 K0 g0, A1 K1 g1, A2 K2 g2, A3 K3 g3, A4 K4 g4, A5 K5 g5, A6 K6 g6, A7 K7 g7)
     }
 }
 
@@ -279,18 +279,18 @@ pub struct TypedOp<'a, K> {
     builder: OpBuilder<'a>,
     keys: K,
     /// A variable declared twice, once at least as written: reported by
-    /// `run`.
-    invalid: Option<Error>,
+    /// `run` as [`Error::Borrowed`].
+    duplicate: Option<VarId>,
 }
 
 impl<'a, K: AccessKeys> TypedOp<'a, K> {
+    /// The typed op on `builder`, which has declared the accesses' variables.
     #[inline]
-    pub(super) fn new<A: Accesses<'a, Keys = K>>(builder: OpBuilder<'a>, accesses: A) -> Self {
-        let (builder, keys, invalid) = accesses.declare(builder);
+    pub(super) fn new(builder: OpBuilder<'a>, keys: K, duplicate: Option<VarId>) -> Self {
         Self {
             builder,
             keys,
-            invalid,
+            duplicate,
         }
     }
 
@@ -303,13 +303,14 @@ impl<'a, K: AccessKeys> TypedOp<'a, K> {
     /// As for [`Engine::push`](crate::Engine::push), and
     /// [`Error::Borrowed`] if the accesses name a variable twice, once at
     /// least with [`write()`] (two reads of one variable are fine).
+    #[inline]
     pub fn run<F, T>(self, f: F) -> Result<OpHandle<T>, Error>
     where
         F: for<'g> FnOnce(K::Refs<'g>) -> Result<T, BoxError> + Send + 'static,
         T: Send + 'static,
     {
-        if let Some(e) = self.invalid {
-            return Err(e);
+        if let Some(id) = self.duplicate {
+            return Err(Error::Borrowed(id));
         }
         let keys = self.keys;
         self.builder.run(move |ctx| {
@@ -343,13 +344,14 @@ impl<'a, K: AccessKeys> TypedOp<'a, K> {
     /// assert_eq!(engine.get(&buf).wait()?, vec![7; 4]);
     /// # Ok::<(), depflow::Error>(())
     /// ```
+    #[inline]
     pub fn run_with_ctx<F, T>(self, f: F) -> Result<OpHandle<T>, Error>
     where
         F: for<'g> FnOnce(&'g OpCtx, K::Refs<'g>) -> Result<T, BoxError> + Send + 'static,
         T: Send + 'static,
     {
-        if let Some(e) = self.invalid {
-            return Err(e);
+        if let Some(id) = self.duplicate {
+            return Err(Error::Borrowed(id));
         }
         let keys = self.keys;
         self.builder.run(move |ctx| {
@@ -380,14 +382,15 @@ impl<'a, K: AccessKeys> TypedOp<'a, K> {
     /// assert_eq!(copied.wait()?, 3);
     /// # Ok::<(), depflow::Error>(())
     /// ```
+    #[inline]
     pub fn run_async<F, Fut, T>(self, f: F) -> Result<OpHandle<T>, Error>
     where
         F: FnOnce(TypedCtx<K>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
         T: Send + 'static,
     {
-        if let Some(e) = self.invalid {
-            return Err(e);
+        if let Some(id) = self.duplicate {
+            return Err(Error::Borrowed(id));
         }
         let keys = self.keys;
         self.builder.run_async(move |ctx| f(TypedCtx { ctx, keys }))
