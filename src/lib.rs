@@ -117,12 +117,22 @@ mod engine;
 
 pub use crate::dep::{AnyVar, Device, OpCtx, Var, VarKey, VarMut, VarRef};
 pub use crate::engine::{
-    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Job, OpBuilder, OpHandle, Wait, WhenRoom,
+    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Job, OpBuilder, OpHandle, TypedCtx, TypedOp,
+    Wait, WhenRoom, read, write,
 };
 pub use crate::error::{BoxError, Error, OpFailure, VarId};
 pub use crate::resource::Resource;
 pub use crate::stream::{Lane, Stream};
 pub use crate::trace::{Diagnostics, OpReport, OpState, ResourceReport};
+
+pub mod typed {
+    //! Typed access ([`OpBuilder::with`](crate::OpBuilder::with)): the
+    //! accesses [`read`](crate::read) and [`write`](crate::write) declare,
+    //! and the traits that turn them into what the body gets. The traits
+    //! are sealed: only this module's types implement them.
+
+    pub use crate::engine::{Access, AccessKeys, Accesses, Read, ReadKey, Write, WriteKey};
+}
 
 pub mod stream {
     //! Stream devices: ops that enqueue work on a GPU's streams, and complete

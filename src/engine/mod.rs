@@ -9,6 +9,7 @@
 //! | `builder` | [`EngineBuilder`]: checking and starting an engine |
 //! | `executor` | [`Executor`], [`Job`]: how each device runs its ops |
 //! | `op_builder` | [`OpBuilder`], [`WhenRoom`]: describing an op, checked into an `OpSpec` |
+//! | `typed_op` | [`TypedOp`], [`TypedCtx`]: typed access, declarations that give the body its values |
 //! | `handle` | [`OpHandle`], [`Wait`]: futures, and blocking on them |
 //! | `shared` | the state shared by handles and ops; the `Host` and `Ledger` implementations |
 //! | `shutdown` | shutting down when the last handle drops |
@@ -27,9 +28,13 @@ mod handle;
 mod op_builder;
 mod shared;
 mod shutdown;
+mod typed_op;
 
 pub use self::builder::{DEFAULT_DEVICE, EngineBuilder};
 pub use self::executor::{Executor, Job};
 pub use self::facade::Engine;
 pub use self::handle::{OpHandle, Wait};
 pub use self::op_builder::{OpBuilder, WhenRoom};
+pub use self::typed_op::{
+    Access, AccessKeys, Accesses, Read, ReadKey, TypedCtx, TypedOp, Write, WriteKey, read, write,
+};

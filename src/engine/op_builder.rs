@@ -368,6 +368,57 @@ impl<'a> OpBuilder<'a> {
             body,
         )
     }
+
+    /// Declares the op's variables as typed accesses, [`read`](crate::read)
+    /// and [`write`](crate::write) (one, or a tuple of up to eight), and
+    /// hands them to its body: `&T` for a read, `&mut T` for a write, in
+    /// order. Declaring a variable is what gives the body its access, so a
+    /// body cannot touch a variable it did not declare, nor mutate one it
+    /// only reads: it would not compile. Options set on the builder before
+    /// (name, priority, device, lane, units, more variables) apply. See
+    /// [`TypedOp`](crate::TypedOp).
+    ///
+    /// ```
+    /// use depflow::{Engine, read, write};
+    ///
+    /// let engine = Engine::new();
+    /// let (x, y) = (engine.var(vec![1.0f32, 2.0]), engine.var(vec![1.0f32; 2]));
+    /// // y += 2 x
+    /// engine.op().name("axpy").with((read(&x), write(&y))).run(|(x, y)| {
+    ///     y.iter_mut().zip(x).for_each(|(y, x)| *y += 2.0 * x);
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(engine.get(&y).wait()?, vec![3.0, 5.0]);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    ///
+    /// Mutating a variable declared with `read` does not compile:
+    ///
+    /// ```compile_fail,E0594
+    /// use depflow::{Engine, read};
+    ///
+    /// let engine = Engine::new();
+    /// let x = engine.var(1);
+    /// engine.op().with(read(&x)).run(|x| {
+    ///     *x += 1; // cannot assign: `x` is `&i32`
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    #[inline]
+    pub fn with<A: super::typed_op::Accesses<'a>>(
+        mut self,
+        accesses: A,
+    ) -> super::typed_op::TypedOp<'a, A::Keys> {
+        let (vars, keys, duplicate) = accesses.declare();
+        for &(var, mutated) in vars.as_ref() {
+            match mutated {
+                true => self.mutates.push(var),
+                false => self.reads.push(var),
+            }
+        }
+        super::typed_op::TypedOp::new(self, keys, duplicate)
+    }
 }
 
 /// Waits for room under the engine's bound on ops in flight; resolves to the
