@@ -106,7 +106,8 @@ impl OpFailure {
         }
     }
 
-    /// What went wrong, without the op's name.
+    /// What went wrong, without the op's name: for an op that returned an
+    /// error, that error's message (its own, without its sources).
     pub fn message(&self) -> String {
         match &self.kind {
             FailureKind::Error(e) => e.to_string(),
@@ -118,12 +119,28 @@ impl OpFailure {
     }
 }
 
+/// Names the op and, unless the op returned an error (which is then the
+/// [`source`](std::error::Error::source), printed by whoever walks the chain),
+/// what went wrong: each message is printed once by a chain printer such as
+/// `anyhow`'s `{:#}`.
 impl fmt::Display for OpFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.op {
-            Some(name) => write!(f, "op `{name}` failed: {}", self.message()),
-            None => write!(f, "unnamed op failed: {}", self.message()),
+            Some(name) => write!(f, "op `{name}` failed")?,
+            None => f.write_str("unnamed op failed")?,
         }
+        match self.kind {
+            FailureKind::Error(_) => Ok(()),
+            _ => write!(f, ": {}", self.message()),
+        }
+    }
+}
+
+/// The source is the error the op returned, if it returned one.
+impl std::error::Error for OpFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.op_error()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -251,16 +268,32 @@ impl fmt::Display for Error {
     }
 }
 
+/// The source is the error the failing op returned, for
+/// [`Failed`](Error::Failed), [`Poisoned`](Error::Poisoned) and
+/// [`Failures`](Error::Failures) (the same as [`OpFailure`]'s): `Display`
+/// leaves its message to the chain, as the ecosystem's convention asks, so a
+/// chain printer shows each message once.
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let v = engine.new_var();
+/// let err = engine
+///     .op()
+///     .name("decode")
+///     .mutates(&[&v])
+///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file")))?
+///     .wait()
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "op `decode` failed");
+/// assert_eq!(std::error::Error::source(&err).unwrap().to_string(), "truncated file");
+/// # let _ = engine.wait_all().wait();
+/// # Ok::<(), Error>(())
+/// ```
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let failure = match self {
-            Error::Failed(f) | Error::Poisoned(f) => f,
-            Error::Failures { first, .. } => first,
-            _ => return None,
-        };
-        failure
-            .op_error()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        std::error::Error::source(&**self.failure()?)
     }
 }
 
