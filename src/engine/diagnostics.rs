@@ -6,6 +6,22 @@ use std::collections::HashSet;
 use super::shared::Shared;
 use crate::trace::{Diagnostics, OpReport, OpState, ResourceReport};
 
+/// Ops pushed and not finished: what `Engine::in_flight` and
+/// `Diagnostics::in_flight` both say.
+///
+/// With a bound, the room's count: a producer waiting for room
+/// (`when_room`) must never see more than the bound, and an op leaves the
+/// room just before it leaves the `wait_all` count (which must come last:
+/// it lets shutdown free the engine). Without one, the room counts nothing
+/// and the `wait_all` count is the number.
+pub(super) fn in_flight(shared: &Shared) -> usize {
+    if shared.room.is_bounded() {
+        shared.room.in_flight()
+    } else {
+        shared.pending.in_flight()
+    }
+}
+
 /// A snapshot of what `shared` is waiting for.
 pub(super) fn report(shared: &Shared) -> Diagnostics {
     let mut parked = HashSet::new();
@@ -18,7 +34,7 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
         waiting_for_units.push(report);
     });
     Diagnostics {
-        in_flight: shared.pending.in_flight(),
+        in_flight: in_flight(shared),
         resources: shared
             .broker
             .pools()

@@ -156,10 +156,23 @@ impl Engine {
         Resource::new(shared.id, pool, name, capacity, shared.clone())
     }
 
-    /// Ops pushed and not finished yet, if the engine bounds them
-    /// ([`EngineBuilder::max_in_flight`]); otherwise 0 (they are not counted).
+    /// Ops pushed and not finished yet (a snapshot), whether or not the
+    /// engine bounds them ([`EngineBuilder::max_in_flight`]): the same count
+    /// as [`Diagnostics::in_flight`]. The engine's own ops count too
+    /// ([`delete_var`](Self::delete_var), [`clear_poison`](Self::clear_poison),
+    /// [`wait_for_var`](Self::wait_for_var)).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.new_var();
+    /// engine.push(&[], &[&v], |_| Ok::<_, depflow::BoxError>(()))?;
+    /// assert!(engine.in_flight() <= 1);
+    /// engine.wait_all().wait()?;
+    /// assert_eq!(engine.in_flight(), 0);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     pub fn in_flight(&self) -> usize {
-        self.shared().room.in_flight()
+        super::diagnostics::in_flight(self.shared())
     }
 
     /// What the engine is waiting for: its resources, the ops parked for

@@ -46,7 +46,8 @@ pub struct Diagnostics {
 }
 
 impl Diagnostics {
-    /// Ops pushed and not finished.
+    /// Ops pushed and not finished, with or without a bound: what
+    /// [`Engine::in_flight`](crate::Engine::in_flight) says.
     pub fn in_flight(&self) -> usize {
         self.in_flight
     }
