@@ -6,7 +6,15 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+pub(crate) mod names;
+
 /// A variable's identity, unique in the process; used in errors.
+///
+/// It prints as `var#N`, or, for a variable made with a name
+/// ([`Engine::var_named`](crate::Engine::var_named)), as
+/// `` `name` (var#N) `` while that variable is alive: an id is a plain
+/// number, and the name is looked up when it is printed (see
+/// [`name`](Self::name)).
 ///
 /// ```
 /// let engine = depflow::Engine::new();
@@ -14,13 +22,35 @@ use std::sync::Arc;
 /// assert_ne!(a.id(), b.id());
 /// assert_eq!(a.id(), a.clone().id());
 /// println!("{}", a.id()); // "var#N"
+/// let w = engine.var_named("fc1.weight", vec![0f32; 4]);
+/// assert!(w.id().to_string().starts_with("`fc1.weight` (var#"));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VarId(pub(crate) u64);
 
+impl VarId {
+    /// The variable's name, if it was given one and is still alive.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let w = engine.var_named("fc1.weight", 0u8);
+    /// let id = w.id();
+    /// assert_eq!(id.name().as_deref(), Some("fc1.weight"));
+    /// assert_eq!(engine.new_var().id().name(), None);
+    /// drop(w); // freed: the name goes with it
+    /// assert_eq!(id.name(), None);
+    /// ```
+    pub fn name(&self) -> Option<Arc<str>> {
+        names::lookup(*self)
+    }
+}
+
 impl fmt::Display for VarId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "var#{}", self.0)
+        match self.name() {
+            Some(name) => write!(f, "`{name}` (var#{})", self.0),
+            None => write!(f, "var#{}", self.0),
+        }
     }
 }
 
