@@ -196,7 +196,7 @@ impl VarCore {
             .payload()
             .held
             // SAFETY: a granted write is exclusive.
-            .with_mut(|held| std::mem::take(unsafe { &mut *held }))
+            .with_mut(|held| std::mem::replace(unsafe { &mut *held }, Held::new(self.id)))
     }
 }
 
@@ -356,7 +356,7 @@ impl<T: Send + Sync + 'static> Var<T> {
             chain: Chain::new(Written {
                 version: AtomicU64::new(0),
                 state: UnsafeCell::new(VarState::Live),
-                held: UnsafeCell::new(Held::default()),
+                held: UnsafeCell::new(Held::new(id)),
                 fences: VarFences::default(),
             }),
         };

@@ -1,5 +1,6 @@
 //! Assembling an engine's [`Diagnostics`]: its resources, the ops its broker
-//! parked for units, and (if it tracks its ops) every unfinished one.
+//! parked for units, and (if it tracks its ops) every unfinished one and who
+//! holds units.
 
 use std::collections::HashSet;
 
@@ -33,19 +34,26 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
         report.state = OpState::Units(OpReport::units_of(op));
         waiting_for_units.push(report);
     });
+    let mut resources: Vec<ResourceReport> = shared
+        .broker
+        .pools()
+        .into_iter()
+        .map(|p| ResourceReport {
+            name: p.name,
+            capacity: p.capacity,
+            free: p.free,
+            held_by_ops: Vec::new(),
+            held_by_vars: Vec::new(),
+        })
+        .collect();
+    let tracked = shared
+        .tracker
+        .as_ref()
+        .map(|t| t.report(&parked, &mut resources));
     Diagnostics {
         in_flight: in_flight(shared),
-        resources: shared
-            .broker
-            .pools()
-            .into_iter()
-            .map(|p| ResourceReport {
-                name: p.name,
-                capacity: p.capacity,
-                free: p.free,
-            })
-            .collect(),
+        resources,
         waiting_for_units,
-        tracked: shared.tracker.as_ref().map(|t| t.report(&parked)),
+        tracked,
     }
 }
