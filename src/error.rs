@@ -6,7 +6,15 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+pub(crate) mod names;
+
 /// A variable's identity, unique in the process; used in errors.
+///
+/// It prints as `var#N`, or, for a variable made with a name
+/// ([`Engine::var_named`](crate::Engine::var_named)), as
+/// `` `name` (var#N) `` while that variable is alive: an id is a plain
+/// number, and the name is looked up when it is printed (see
+/// [`name`](Self::name)).
 ///
 /// ```
 /// let engine = depflow::Engine::new();
@@ -14,13 +22,35 @@ use std::sync::Arc;
 /// assert_ne!(a.id(), b.id());
 /// assert_eq!(a.id(), a.clone().id());
 /// println!("{}", a.id()); // "var#N"
+/// let w = engine.var_named("fc1.weight", vec![0f32; 4]);
+/// assert!(w.id().to_string().starts_with("`fc1.weight` (var#"));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VarId(pub(crate) u64);
 
+impl VarId {
+    /// The variable's name, if it was given one and is still alive.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let w = engine.var_named("fc1.weight", 0u8);
+    /// let id = w.id();
+    /// assert_eq!(id.name().as_deref(), Some("fc1.weight"));
+    /// assert_eq!(engine.new_var().id().name(), None);
+    /// drop(w); // freed: the name goes with it
+    /// assert_eq!(id.name(), None);
+    /// ```
+    pub fn name(&self) -> Option<Arc<str>> {
+        names::lookup(*self)
+    }
+}
+
 impl fmt::Display for VarId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "var#{}", self.0)
+        match self.name() {
+            Some(name) => write!(f, "`{name}` (var#{})", self.0),
+            None => write!(f, "var#{}", self.0),
+        }
     }
 }
 
@@ -108,7 +138,8 @@ impl OpFailure {
         }
     }
 
-    /// What went wrong, without the op's name.
+    /// What went wrong, without the op's name: for an op that returned an
+    /// error, that error's message (its own, without its sources).
     pub fn message(&self) -> String {
         match &self.kind {
             FailureKind::Error(e) => e.to_string(),
@@ -121,12 +152,28 @@ impl OpFailure {
     }
 }
 
+/// Names the op and, unless the op returned an error (which is then the
+/// [`source`](std::error::Error::source), printed by whoever walks the chain),
+/// what went wrong: each message is printed once by a chain printer such as
+/// `anyhow`'s `{:#}`.
 impl fmt::Display for OpFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.op {
-            Some(name) => write!(f, "op `{name}` failed: {}", self.message()),
-            None => write!(f, "unnamed op failed: {}", self.message()),
+            Some(name) => write!(f, "op `{name}` failed")?,
+            None => f.write_str("unnamed op failed")?,
         }
+        match self.kind {
+            FailureKind::Error(_) => Ok(()),
+            _ => write!(f, ": {}", self.message()),
+        }
+    }
+}
+
+/// The source is the error the op returned, if it returned one.
+impl std::error::Error for OpFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.op_error()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -258,16 +305,32 @@ impl fmt::Display for Error {
     }
 }
 
+/// The source is the error the failing op returned, for
+/// [`Failed`](Error::Failed), [`Poisoned`](Error::Poisoned) and
+/// [`Failures`](Error::Failures) (the same as [`OpFailure`]'s): `Display`
+/// leaves its message to the chain, as the ecosystem's convention asks, so a
+/// chain printer shows each message once.
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let v = engine.new_var();
+/// let err = engine
+///     .op()
+///     .name("decode")
+///     .mutates(&[&v])
+///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file")))?
+///     .wait()
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), "op `decode` failed");
+/// assert_eq!(std::error::Error::source(&err).unwrap().to_string(), "truncated file");
+/// # let _ = engine.wait_all().wait();
+/// # Ok::<(), Error>(())
+/// ```
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let failure = match self {
-            Error::Failed(f) | Error::Poisoned(f) => f,
-            Error::Failures { first, .. } => first,
-            _ => return None,
-        };
-        failure
-            .op_error()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        std::error::Error::source(&**self.failure()?)
     }
 }
 

@@ -161,8 +161,11 @@ fn a_failing_op_poisons_what_it_mutates_and_names_itself() {
         };
         assert_eq!(failure.op_name(), Some("load weights"));
         assert_eq!(failure.message(), "disk on fire");
-        assert!(
-            err.to_string().contains("load weights") && err.to_string().contains("disk on fire")
+        // The op's own error is the source, printed once by a chain printer.
+        assert_eq!(err.to_string(), "op `load weights` failed");
+        assert_eq!(
+            std::error::Error::source(&err).unwrap().to_string(),
+            "disk on fire"
         );
         assert!(
             failure
@@ -424,4 +427,111 @@ fn bad_configurations_are_errors() {
         .mutates(&[&v])
         .run(|_| Ok(()));
     assert!(matches!(r, Err(Error::Config(_))));
+}
+
+/// An error with a cause of its own, to see the whole chain printed.
+#[derive(Debug)]
+struct ReadFailed(std::io::Error);
+
+impl std::fmt::Display for ReadFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("could not read the shard")
+    }
+}
+
+impl std::error::Error for ReadFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// Every level of `err`'s `source()` chain, as `Display` prints it.
+fn chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut levels = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        levels.push(e.to_string());
+        next = e.source();
+    }
+    levels
+}
+
+/// Asserts that no level of the chain repeats the text of a level below it
+/// (what every chain printer, anyhow's included, would print twice), and
+/// returns the chain joined the way `anyhow`'s `{:#}` prints it.
+fn assert_no_repeats(err: &(dyn std::error::Error + 'static)) -> String {
+    let levels = chain(err);
+    for (i, outer) in levels.iter().enumerate() {
+        for inner in &levels[i + 1..] {
+            assert!(
+                !outer.contains(inner.as_str()),
+                "`{outer}` repeats its source `{inner}`: {levels:?}"
+            );
+        }
+    }
+    levels.join(": ")
+}
+
+#[test]
+fn display_does_not_repeat_the_source() {
+    let engine = Engine::new();
+    let (a, b) = (engine.var(1i64), engine.var(0i64));
+    let failed = engine
+        .op()
+        .name("load shard")
+        .mutates(&[&a])
+        .run(|_| -> Result<(), ReadFailed> {
+            Err(ReadFailed(std::io::Error::other("disk on fire")))
+        })
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(matches!(failed, Error::Failed(_)), "{failed:?}");
+    assert_eq!(
+        assert_no_repeats(&failed),
+        "op `load shard` failed: could not read the shard: disk on fire"
+    );
+    // The failure itself is an error with the same cause.
+    let failure = failed.failure().unwrap().clone();
+    assert_eq!(
+        assert_no_repeats(&failure),
+        "op `load shard` failed: could not read the shard: disk on fire"
+    );
+    assert_eq!(failure.message(), "could not read the shard");
+
+    let skipped = set(&engine, &b, 1).unwrap(); // b is fine
+    skipped.wait().unwrap();
+    let poisoned = engine
+        .push(&[&a], &[&b], |_| Ok::<_, depflow::BoxError>(()))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(matches!(poisoned, Error::Poisoned(_)), "{poisoned:?}");
+    assert_eq!(
+        assert_no_repeats(&poisoned),
+        "skipped: an input was poisoned because op `load shard` failed: \
+         could not read the shard: disk on fire"
+    );
+    let all = engine.wait_all().wait().unwrap_err();
+    assert_eq!(
+        assert_no_repeats(&all),
+        "1 op(s) failed; the first: op `load shard` failed: could not read the shard: disk on fire"
+    );
+
+    // Failures with no source error say everything themselves.
+    let c = engine.var(0i64);
+    let panicked = engine
+        .op()
+        .name("boom")
+        .mutates(&[&c])
+        .run(|_| -> Result<(), depflow::BoxError> { panic!("index out of range") })
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert_eq!(chain(&panicked).len(), 1);
+    assert_eq!(
+        panicked.to_string(),
+        "op `boom` failed: panicked: index out of range"
+    );
+    let _ = engine.wait_all().wait();
 }

@@ -78,6 +78,8 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
                 return Poll::Ready(Err(skip(op, why, host)));
             }
             host.on_started(op);
+        } else {
+            host.on_resumed(op);
         }
 
         this.started = true;
@@ -89,7 +91,10 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
             lease_dropped: lease_dropped::<H>,
         };
         let result = match run_body(op, body, &env, cx) {
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => {
+                host.on_suspended(op);
+                return Poll::Pending;
+            }
             Poll::Ready(result) => result,
         };
         this.finished = true;

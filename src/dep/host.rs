@@ -112,6 +112,16 @@ pub(crate) trait Host: Sync + Sized + 'static {
     #[inline]
     fn on_started(&self, _op: &OpBlock) {}
 
+    /// Hook: the op's async body returned `Pending` (it awaits). Never
+    /// called for a body that completes in one poll.
+    #[inline]
+    fn on_suspended(&self, _op: &OpBlock) {}
+
+    /// Hook: the op's async body, suspended before, is about to be polled
+    /// again.
+    #[inline]
+    fn on_resumed(&self, _op: &OpBlock) {}
+
     /// Hook: the op finished (ran, failed or was skipped), just before it is
     /// retired; it is still alive.
     #[inline]

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use super::block::OpBlock;
 use crate::core::chain::Chain;
 use crate::device::VarFences;
-use crate::error::{OpFailure, VarId};
+use crate::error::{OpFailure, VarId, names};
 use crate::loom::cell::UnsafeCell;
 use crate::resource::{Held, Resource};
 
@@ -69,6 +69,8 @@ pub struct VarCore {
     release: unsafe fn(NonNull<VarCore>),
     /// A delete has been pushed: later pushes are refused.
     deleted: AtomicBool,
+    /// Its id has a name in `error::names`, to forget when it is freed.
+    named: bool,
     pub(crate) chain: Chain<OpBlock, Written>,
 }
 
@@ -194,7 +196,7 @@ impl VarCore {
             .payload()
             .held
             // SAFETY: a granted write is exclusive.
-            .with_mut(|held| std::mem::take(unsafe { &mut *held }))
+            .with_mut(|held| std::mem::replace(unsafe { &mut *held }, Held::new(self.id)))
     }
 }
 
@@ -203,6 +205,9 @@ impl Drop for VarCore {
         // SAFETY: `&mut self`: nothing else can reach the variable. (Its value,
         // if any, was dropped before: see `VarInner`'s `Drop`.)
         drop(unsafe { self.take_units() });
+        if self.named {
+            names::unregister(self.id);
+        }
         // Every op holds its variables, so a variable dies only after the last
         // op on it has left its chain.
         debug_assert!(
@@ -327,15 +332,31 @@ pub struct Var<T = ()> {
 
 impl<T: Send + Sync + 'static> Var<T> {
     pub(crate) fn new(engine: u64, value: T) -> Self {
+        Self::with_name(engine, value, None)
+    }
+
+    /// A variable whose id prints as `name` while it is alive (see
+    /// `error::names`).
+    pub(crate) fn named(engine: u64, value: T, name: Arc<str>) -> Self {
+        Self::with_name(engine, value, Some(name))
+    }
+
+    fn with_name(engine: u64, value: T, name: Option<Arc<str>>) -> Self {
+        let id = VarId(NEXT_VAR_ID.fetch_add(1, Ordering::Relaxed));
+        let named = name.is_some();
+        if let Some(name) = name {
+            names::register(id, name);
+        }
         let core = VarCore {
             engine,
-            id: VarId(NEXT_VAR_ID.fetch_add(1, Ordering::Relaxed)),
+            id,
             release: release::<T>,
             deleted: AtomicBool::new(false),
+            named,
             chain: Chain::new(Written {
                 version: AtomicU64::new(0),
                 state: UnsafeCell::new(VarState::Live),
-                held: UnsafeCell::new(Held::default()),
+                held: UnsafeCell::new(Held::new(id)),
                 fences: VarFences::default(),
             }),
         };

@@ -87,8 +87,12 @@ impl EngineBuilder {
     }
 
     /// Keeps a registry of unfinished ops, so that
-    /// [`Engine::diagnostics`] can list the ops waiting for their variables
-    /// too (default: off; it costs a lock per push and per completion).
+    /// [`Engine::diagnostics`] can list every unfinished op (waiting for its
+    /// variables, queued, running or awaiting inside its body) with how long
+    /// ago it was pushed, and who holds each resource's units (default: off;
+    /// it costs a clock read and a lock per push, a lock per start and per
+    /// completion, and one per suspension of an async body and per
+    /// allocation of units).
     pub fn track_ops(mut self, on: bool) -> Self {
         self.track_ops = on;
         self

@@ -140,6 +140,41 @@ impl Engine {
         Var::new(self.shared().id, value)
     }
 
+    /// A new variable owning `value`, named `name` (a plain tag with `()`):
+    /// errors, [`Debug`](std::fmt::Debug) output and [`Diagnostics`] then
+    /// show `` `name` (var#N) `` instead of `var#N`.
+    ///
+    /// The name is kept apart from the variable (pushes and runs never read
+    /// it) and shows while the variable is alive: an error printed after its
+    /// last handle and op are gone says `var#N` only. [`VarId::name`](crate::VarId::name) reads
+    /// it back. Names need not be unique.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let weights = engine.var_named("fc1.weight", vec![0.5f32; 4]);
+    /// let rng = engine.var_named("rng", ()); // a named plain tag
+    /// let key = rng.key();
+    /// let err = engine
+    ///     .push(&[&weights], &[], move |ctx| -> Result<(), depflow::BoxError> {
+    ///         ctx.read(key)?; // not declared
+    ///         Ok(())
+    ///     })?
+    ///     .wait()
+    ///     .unwrap_err();
+    /// let text = std::error::Error::source(&err).unwrap().to_string();
+    /// assert!(text.starts_with("the op did not declare `rng` (var#"), "{text}");
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn var_named<T: Send + Sync + 'static>(
+        &self,
+        name: impl Into<Arc<str>>,
+        value: T,
+    ) -> Var<T> {
+        Var::named(self.shared().id, value, name.into())
+    }
+
     /// A new counted resource of `capacity` units (bytes of a device's
     /// memory, buffer slots, stream slots): ops declare the units they need
     /// with [`OpBuilder::uses`] and [`OpBuilder::allocates`], and start only
@@ -157,10 +192,23 @@ impl Engine {
         Resource::new(shared.id, pool, name, capacity, shared.clone())
     }
 
-    /// Ops pushed and not finished yet, if the engine bounds them
-    /// ([`EngineBuilder::max_in_flight`]); otherwise 0 (they are not counted).
+    /// Ops pushed and not finished yet (a snapshot), whether or not the
+    /// engine bounds them ([`EngineBuilder::max_in_flight`]): the same count
+    /// as [`Diagnostics::in_flight`]. The engine's own ops count too
+    /// ([`delete_var`](Self::delete_var), [`clear_poison`](Self::clear_poison),
+    /// [`wait_for_var`](Self::wait_for_var)).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.new_var();
+    /// engine.push(&[], &[&v], |_| Ok::<_, depflow::BoxError>(()))?;
+    /// assert!(engine.in_flight() <= 1);
+    /// engine.wait_all().wait()?;
+    /// assert_eq!(engine.in_flight(), 0);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     pub fn in_flight(&self) -> usize {
-        self.shared().room.in_flight()
+        super::diagnostics::in_flight(self.shared())
     }
 
     /// What the engine is waiting for: its resources, the ops parked for

@@ -34,7 +34,7 @@ use crate::core::room::Room;
 use crate::core::tickets::Broker;
 use crate::dep::{Host, OpBlock, Runner};
 use crate::device::StreamDevice;
-use crate::error::{Error, OpFailure};
+use crate::error::{Error, OpFailure, VarId};
 use crate::loom::sync::Mutex;
 use crate::resource::Ledger;
 use crate::trace::Tracker;
@@ -183,6 +183,34 @@ impl Host for Shared {
     }
 
     #[inline]
+    fn on_granted(&self, op: &OpBlock) {
+        if let Some(tracker) = &self.tracker {
+            tracker.granted(op);
+        }
+    }
+
+    #[inline]
+    fn on_started(&self, op: &OpBlock) {
+        if let Some(tracker) = &self.tracker {
+            tracker.running(op);
+        }
+    }
+
+    #[inline]
+    fn on_suspended(&self, op: &OpBlock) {
+        if let Some(tracker) = &self.tracker {
+            tracker.awaiting(op);
+        }
+    }
+
+    #[inline]
+    fn on_resumed(&self, op: &OpBlock) {
+        if let Some(tracker) = &self.tracker {
+            tracker.running(op);
+        }
+    }
+
+    #[inline]
     fn on_finished(&self, op: &OpBlock) {
         if let Some(tracker) = &self.tracker {
             tracker.remove(op);
@@ -197,5 +225,15 @@ impl Ledger for Shared {
 
     fn give_back(&self, pool: usize, amount: u64) {
         self.give_back_units(&[(pool, amount)]);
+    }
+
+    fn tracks_holders(&self) -> bool {
+        self.tracker.is_some()
+    }
+
+    fn holding(&self, pool: usize, holder: VarId, amount: u64) {
+        if let Some(tracker) = &self.tracker {
+            tracker.holding(pool, holder, amount);
+        }
     }
 }

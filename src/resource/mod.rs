@@ -13,13 +13,14 @@
 //! the granting order and why it cannot deadlock a program that fits when run
 //! serially.
 //!
-//! May import: `crate::loom`. Knows no op: what an op asks for is the
+//! May import: `crate::loom`, `crate::error`. Knows no op: what an op asks for is the
 //! dependency layer's (`dep::units`), who grants it the engine's.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::error::VarId;
 use crate::loom::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Where a resource's units are accounted: the engine's broker, which hands
@@ -30,6 +31,16 @@ pub(crate) trait Ledger: Send + Sync {
 
     /// Gives `amount` units of `pool` back, and starts what now fits.
     fn give_back(&self, pool: usize, amount: u64);
+
+    /// Whether the ledger keeps a register of the variables holding units
+    /// (for diagnostics): then [`holding`](Self::holding) is called as they
+    /// change. Asked once, when a resource is made.
+    fn tracks_holders(&self) -> bool {
+        false
+    }
+
+    /// `holder` now holds `amount` units of `pool` (0: none).
+    fn holding(&self, _pool: usize, _holder: VarId, _amount: u64) {}
 }
 
 /// A counted resource of one engine: `capacity` units that ops take while
@@ -77,6 +88,8 @@ struct ResourceInner {
     /// push lock.
     next_ticket: AtomicU64,
     ledger: Arc<dyn Ledger>,
+    /// The ledger registers holders (`Ledger::tracks_holders`).
+    tracks_holders: bool,
 }
 
 impl Resource {
@@ -95,6 +108,7 @@ impl Resource {
                 name,
                 capacity,
                 next_ticket: AtomicU64::new(0),
+                tracks_holders: ledger.tracks_holders(),
                 ledger,
             }),
         }
@@ -139,6 +153,15 @@ impl Resource {
     pub(crate) fn give_back(&self, amount: u64) {
         self.inner.ledger.give_back(self.inner.pool, amount);
     }
+
+    /// Tells a ledger that registers holders that `holder` holds `amount`
+    /// units now (a branch on a constant otherwise).
+    #[inline]
+    fn note_holder(&self, holder: VarId, amount: u64) {
+        if self.inner.tracks_holders {
+            self.inner.ledger.holding(self.inner.pool, holder, amount);
+        }
+    }
 }
 
 impl PartialEq for Resource {
@@ -159,19 +182,32 @@ impl fmt::Debug for Resource {
     }
 }
 
-/// Units held by something that is not an op (a variable): given back when
-/// dropped, so after the value they stand for has been recycled or freed.
-#[derive(Debug, Default)]
-pub(crate) struct Held(Vec<(Resource, u64)>);
+/// Units held by something that is not an op (a variable, `holder`): given
+/// back when dropped, so after the value they stand for has been recycled
+/// or freed.
+#[derive(Debug)]
+pub(crate) struct Held {
+    holder: VarId,
+    units: Vec<(Resource, u64)>,
+}
 
 impl Held {
+    /// Nothing yet, held by `holder`.
+    pub(crate) fn new(holder: VarId) -> Self {
+        Self {
+            holder,
+            units: Vec::new(),
+        }
+    }
+
     /// Holds `amount` units of `resource`, instead of what was held of it;
     /// returns the amount replaced (to give back).
     pub(crate) fn replace(&mut self, resource: &Resource, amount: u64) -> Option<u64> {
-        match self.0.iter_mut().find(|(r, _)| r == resource) {
+        resource.note_holder(self.holder, amount);
+        match self.units.iter_mut().find(|(r, _)| r == resource) {
             Some((_, units)) => Some(std::mem::replace(units, amount)),
             None => {
-                self.0.push((resource.clone(), amount));
+                self.units.push((resource.clone(), amount));
                 None
             }
         }
@@ -180,7 +216,8 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        for (resource, units) in self.0.drain(..) {
+        for (resource, units) in self.units.drain(..) {
+            resource.note_holder(self.holder, 0);
             resource.give_back(units);
         }
     }

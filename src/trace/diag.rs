@@ -1,27 +1,50 @@
 //! What a stuck engine is waiting for: [`Engine::diagnostics`](crate::Engine::diagnostics).
 //!
 //! Ops parked for resource units are always listed (the broker holds them).
-//! Ops still waiting for their variables are listed only if the engine tracks
-//! its ops ([`EngineBuilder::track_ops`](crate::EngineBuilder::track_ops)):
-//! finding them otherwise would mean walking every variable's lock-free chain
-//! while workers free ops, and tracking costs a lock per push and per
-//! completion, which a production engine should not pay by default.
+//! Every other unfinished op (waiting for its variables, queued, running,
+//! awaiting inside its body), how long ago each was pushed, and who holds a
+//! resource's units are known only if the engine tracks its ops
+//! ([`EngineBuilder::track_ops`](crate::EngineBuilder::track_ops)): finding
+//! them otherwise would mean walking every variable's lock-free chain while
+//! workers free ops, and tracking costs a lock per push, per start and per
+//! completion (and per allocation), which a production engine should not pay
+//! by default.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::time::Duration;
 
 use crate::dep::OpBlock;
 use crate::error::VarId;
 
-/// A snapshot of an engine: its resources, and the ops that have not
-/// finished with what each waits for. `Display` prints a readable report.
+/// A snapshot of an engine: its resources and who holds their units, and the
+/// ops that have not finished, with what each waits for and since when.
+/// `Display` prints a readable report, one line per op in push order:
+///
+/// ```text
+/// 6 op(s) in flight
+/// resource `memory`: 1 of 4 free
+///   1 held by op `compute`
+///   2 held by variable `cache` (var#0)
+/// `fetch` is awaiting inside its body; pushed 7.4s ago
+/// `compute` is running; pushed 7.3s ago
+/// op #3 is running; pushed 7.2s ago
+/// `later` is queued: ready, waiting for a worker; pushed 3.9s ago
+/// `needs memory` waits for units: 2 of `memory` (1 of 4 free); pushed 3.9s ago
+/// `after it` waits for variables: `activations` (var#1) (after `needs memory`); pushed 3.8s ago
+/// ```
+///
+/// (Variables print by name if they have one, see
+/// [`Engine::var_named`](crate::Engine::var_named); unnamed ops as `op #N`,
+/// their place in push order.)
 ///
 /// ```
 /// use depflow::{Engine, Error};
 ///
 /// let engine = Engine::builder().track_ops(true).build()?;
 /// let memory = engine.new_resource("memory", 2);
-/// let (held, x, y) = (engine.new_var(), engine.new_var(), engine.new_var());
+/// let held = engine.var_named("cache", ());
+/// let (x, y) = (engine.new_var(), engine.new_var());
 /// // `held` keeps both units until it is deleted...
 /// engine.op().mutates(&[&held]).allocates(&memory, 2, &held).run(|_| Ok(()))?.wait()?;
 /// // ...so this op cannot start, and the next one waits for it.
@@ -33,6 +56,9 @@ use crate::error::VarId;
 /// let text = report.to_string();
 /// assert!(text.contains("`needs memory` waits for units: 1 of `memory` (0 of 2 free)"));
 /// assert!(text.contains("`after it` waits for variables:"));
+/// assert!(text.contains("2 held by variable `cache` (var#"));
+/// assert_eq!(report.resources()[0].held_by_vars(), [(held.id(), 2)]);
+/// assert!(report.ops().unwrap()[0].waited().is_some());
 /// engine.delete_var(&held, drop)?.wait()?; // frees the units: both ops run
 /// engine.wait_all().wait()?;
 /// # Ok::<(), Error>(())
@@ -46,7 +72,8 @@ pub struct Diagnostics {
 }
 
 impl Diagnostics {
-    /// Ops pushed and not finished.
+    /// Ops pushed and not finished, with or without a bound: what
+    /// [`Engine::in_flight`](crate::Engine::in_flight) says.
     pub fn in_flight(&self) -> usize {
         self.in_flight
     }
@@ -73,6 +100,8 @@ pub struct ResourceReport {
     pub(crate) name: String,
     pub(crate) capacity: u64,
     pub(crate) free: u64,
+    pub(crate) held_by_ops: Vec<(String, u64)>,
+    pub(crate) held_by_vars: Vec<(VarId, u64)>,
 }
 
 impl ResourceReport {
@@ -90,6 +119,21 @@ impl ResourceReport {
     pub fn free(&self) -> u64 {
         self.free
     }
+
+    /// The unfinished ops holding units of it (granted, not finished yet:
+    /// queued, running or awaiting), each as its report labels it (`` `name` ``
+    /// or `op #N`) with the units it holds, in push order. Empty unless the
+    /// engine tracks its ops.
+    pub fn held_by_ops(&self) -> &[(String, u64)] {
+        &self.held_by_ops
+    }
+
+    /// The variables holding units of it (those that ops allocated to them,
+    /// [`OpBuilder::allocates`](crate::OpBuilder::allocates)), with how many.
+    /// Empty unless the engine tracks its ops.
+    pub fn held_by_vars(&self) -> &[(VarId, u64)] {
+        &self.held_by_vars
+    }
 }
 
 /// What an op waits for.
@@ -101,8 +145,14 @@ pub enum OpState {
     Variables(Vec<(VarId, Vec<String>)>),
     /// Its variables allow it; these units (resource, amount) are not free.
     Units(Vec<(String, u64)>),
-    /// Queued on its executor, or running.
+    /// Ready (its variables and units allow it), waiting for a worker of
+    /// its executor.
+    Queued,
+    /// Its body is running (on a stream device: or its device work is).
     Running,
+    /// Its async body is awaiting (its future is pending), or was woken and
+    /// waits for a worker to resume it.
+    Awaiting,
 }
 
 /// One unfinished op in a [`Diagnostics`] report.
@@ -113,6 +163,7 @@ pub struct OpReport {
     pub(crate) reads: Vec<VarId>,
     pub(crate) mutates: Vec<VarId>,
     pub(crate) state: OpState,
+    pub(crate) waited: Option<Duration>,
 }
 
 impl OpReport {
@@ -131,7 +182,15 @@ impl OpReport {
         &self.state
     }
 
-    fn label(&self) -> String {
+    /// How long ago it was pushed, when the report was taken (known only if
+    /// the engine tracks its ops).
+    pub fn waited(&self) -> Option<Duration> {
+        self.waited
+    }
+
+    /// How the report names it: `` `name` ``, or `op #N` by its place in
+    /// push order.
+    pub(crate) fn label(&self) -> String {
         match (&self.name, self.number) {
             (Some(name), _) => format!("`{name}`"),
             (None, Some(n)) => format!("op #{n}"),
@@ -156,7 +215,8 @@ impl OpReport {
             number,
             reads,
             mutates,
-            state: OpState::Running,
+            state: OpState::Queued,
+            waited: None,
         }
     }
 
@@ -212,6 +272,14 @@ impl fmt::Display for Diagnostics {
                 "resource `{}`: {} of {} free",
                 r.name, r.free, r.capacity
             )?;
+            for (op, units) in &r.held_by_ops {
+                // Labels are `name` or "op #N".
+                let op_ = if op.starts_with('`') { "op " } else { "" };
+                writeln!(f, "  {units} held by {op_}{op}")?;
+            }
+            for (var, units) in &r.held_by_vars {
+                writeln!(f, "  {units} held by variable {var}")?;
+            }
         }
         let free = |name: &str| {
             self.resources
@@ -223,7 +291,9 @@ impl fmt::Display for Diagnostics {
         for op in ops {
             write!(f, "{} ", op.label())?;
             match &op.state {
-                OpState::Running => writeln!(f, "is queued or running")?,
+                OpState::Queued => write!(f, "is queued: ready, waiting for a worker")?,
+                OpState::Running => write!(f, "is running")?,
+                OpState::Awaiting => write!(f, "is awaiting inside its body")?,
                 OpState::Units(units) => {
                     let units: Vec<String> = units
                         .iter()
@@ -232,21 +302,26 @@ impl fmt::Display for Diagnostics {
                             format!("{n} of `{name}` ({free} of {cap} free)")
                         })
                         .collect();
-                    writeln!(f, "waits for units: {}", units.join(", "))?;
+                    write!(f, "waits for units: {}", units.join(", "))?;
                 }
                 OpState::Variables(vars) => {
                     let vars: Vec<String> = vars
                         .iter()
                         .map(|(var, after)| format!("{var} (after {})", after.join(", ")))
                         .collect();
-                    writeln!(f, "waits for variables: {}", vars.join("; "))?;
+                    write!(f, "waits for variables: {}", vars.join("; "))?;
                 }
+            }
+            match op.waited {
+                Some(waited) => writeln!(f, "; pushed {waited:.1?} ago")?,
+                None => writeln!(f)?,
             }
         }
         if self.tracked.is_none() {
             writeln!(
                 f,
-                "(ops waiting for variables are listed only with EngineBuilder::track_ops)"
+                "(other unfinished ops, their ages and who holds units are listed only with \
+                 EngineBuilder::track_ops)"
             )?;
         }
         Ok(())

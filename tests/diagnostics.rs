@@ -1,0 +1,252 @@
+//! What a stuck engine says about itself: counts that mean one thing, who
+//! holds a resource's units, what each op waits for and for how long.
+
+mod common;
+
+use std::sync::mpsc;
+
+use common::within;
+use depflow::{BoxError, Engine, OpState};
+
+/// Ten ops parked behind a gate, on an engine with no bound on ops in flight.
+#[test]
+fn in_flight_counts_unfinished_ops_with_or_without_a_bound() {
+    for bound in [0, 100] {
+        let engine = Engine::builder()
+            .threads(2)
+            .max_in_flight(bound)
+            .build()
+            .unwrap();
+        let gate = engine.var(());
+        let (open, wait) = mpsc::channel::<()>();
+        let wait = std::sync::Mutex::new(wait);
+        engine
+            .push(&[], &[&gate], move |_| -> Result<(), BoxError> {
+                wait.lock().unwrap().recv()?;
+                Ok(())
+            })
+            .unwrap();
+        for _ in 0..9 {
+            let v = engine.new_var();
+            engine
+                .push(&[&gate], &[&v], |_| Ok::<_, BoxError>(()))
+                .unwrap();
+        }
+        assert_eq!(engine.in_flight(), 10, "bound {bound}");
+        assert_eq!(engine.diagnostics().in_flight(), 10, "bound {bound}");
+        open.send(()).unwrap();
+        let e = engine.clone();
+        within(10, move || e.wait_all().wait()).unwrap();
+        assert_eq!(engine.in_flight(), 0, "bound {bound}");
+        assert_eq!(engine.diagnostics().in_flight(), 0, "bound {bound}");
+    }
+}
+
+/// A stuck program, as its report tells it: an async op awaiting, two ops
+/// running, one queued behind them, one waiting for units that a running op
+/// and a named variable hold, one waiting for a variable.
+#[test]
+fn diagnostics_tell_running_queued_awaiting_and_who_holds_units() {
+    let engine = Engine::builder()
+        .threads(2)
+        .track_ops(true)
+        .build()
+        .unwrap();
+    let memory = engine.new_resource("memory", 4);
+    let cache = engine.var_named("cache", ());
+    let (acts, out) = (engine.var_named("activations", ()), engine.new_var());
+    let (a, b, c, d) = (
+        engine.new_var(),
+        engine.new_var(),
+        engine.new_var(),
+        engine.new_var(),
+    );
+    engine
+        .op()
+        .mutates(&[&cache])
+        .allocates(&memory, 2, &cache)
+        .run(|_| Ok::<_, BoxError>(()))
+        .unwrap()
+        .wait()
+        .unwrap();
+
+    // "fetch" awaits a reply that comes at the end.
+    let (started_tx, started) = mpsc::channel::<&'static str>();
+    let (reply_tx, reply) = futures::channel::oneshot::channel::<()>();
+    let tx = started_tx.clone();
+    let fetch = engine
+        .op()
+        .name("fetch")
+        .mutates(&[&a])
+        .run_async(move |_| async move {
+            tx.send("fetch").unwrap();
+            reply.await?;
+            Ok::<_, BoxError>(())
+        })
+        .unwrap();
+    assert_eq!(started.recv().unwrap(), "fetch");
+    // "compute" (holding a unit) and "spin" occupy both workers.
+    let mut gates = Vec::new();
+    for (name, var) in [("compute", &b), ("spin", &c)] {
+        let (open, gate) = mpsc::channel::<()>();
+        gates.push(open);
+        let (tx, gate) = (started_tx.clone(), std::sync::Mutex::new(gate));
+        let vars: [&dyn depflow::AnyVar; 1] = [var];
+        let op = engine.op().name(name).mutates(&vars);
+        let op = if name == "compute" {
+            op.uses(&memory, 1)
+        } else {
+            op
+        };
+        op.run(move |_| -> Result<(), BoxError> {
+            tx.send(name).unwrap();
+            gate.lock().unwrap().recv()?;
+            Ok(())
+        })
+        .unwrap();
+    }
+    let mut running = [started.recv().unwrap(), started.recv().unwrap()];
+    running.sort_unstable();
+    assert_eq!(running, ["compute", "spin"]);
+    let ok = |_: &depflow::OpCtx| Ok::<_, BoxError>(());
+    engine.op().name("later").mutates(&[&d]).run(ok).unwrap();
+    engine
+        .op()
+        .name("needs memory")
+        .mutates(&[&acts])
+        .uses(&memory, 2)
+        .run(ok)
+        .unwrap();
+    engine
+        .op()
+        .name("after it")
+        .reads(&[&acts])
+        .mutates(&[&out])
+        .run(ok)
+        .unwrap();
+
+    let e = engine.clone();
+    let report = within(10, move || {
+        loop {
+            let report = e.diagnostics();
+            let ops = report.ops().expect("tracked");
+            if ops[0].state() == &OpState::Awaiting {
+                return report;
+            }
+            std::thread::yield_now();
+        }
+    });
+    let text = report.to_string();
+    let ops = report.ops().unwrap();
+    let states: Vec<(Option<&str>, &OpState)> = ops.iter().map(|o| (o.name(), o.state())).collect();
+    assert_eq!(states.len(), 6, "{text}");
+    assert_eq!(states[0], (Some("fetch"), &OpState::Awaiting), "{text}");
+    assert_eq!(states[1], (Some("compute"), &OpState::Running), "{text}");
+    assert_eq!(states[2], (Some("spin"), &OpState::Running), "{text}");
+    assert_eq!(states[3], (Some("later"), &OpState::Queued), "{text}");
+    assert_eq!(
+        states[4],
+        (
+            Some("needs memory"),
+            &OpState::Units(vec![("memory".into(), 2)])
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        states[5],
+        (
+            Some("after it"),
+            &OpState::Variables(vec![(acts.id(), vec!["`needs memory`".into()])])
+        ),
+        "{text}"
+    );
+    assert!(ops.iter().all(|o| o.waited().is_some()), "{text}");
+    let res = &report.resources()[0];
+    assert_eq!(res.free(), 1, "{text}");
+    assert_eq!(res.held_by_ops(), [("`compute`".to_string(), 1)], "{text}");
+    assert_eq!(res.held_by_vars(), [(cache.id(), 2)], "{text}");
+
+    for line in [
+        "resource `memory`: 1 of 4 free\n  1 held by op `compute`\n  2 held by variable `cache` (var#",
+        "`fetch` is awaiting inside its body; pushed ",
+        "`compute` is running; pushed ",
+        "`later` is queued: ready, waiting for a worker; pushed ",
+        "`needs memory` waits for units: 2 of `memory` (1 of 4 free); pushed ",
+        "`after it` waits for variables: `activations` (var#",
+    ] {
+        assert!(text.contains(line), "no `{line}` in:\n{text}");
+    }
+
+    // Unstuck: everything runs; a deleted variable holds nothing.
+    for gate in gates {
+        gate.send(()).unwrap();
+    }
+    reply_tx.send(()).unwrap();
+    let e = engine.clone();
+    within(10, move || {
+        futures::executor::block_on(fetch).unwrap();
+        e.delete_var(&cache, drop).unwrap();
+        e.wait_all().wait()
+    })
+    .unwrap();
+    let report = engine.diagnostics();
+    assert_eq!(report.ops().map(<[_]>::len), Some(0), "{report}");
+    assert!(report.resources()[0].held_by_vars().is_empty(), "{report}");
+    assert!(report.resources()[0].held_by_ops().is_empty(), "{report}");
+}
+
+/// A variable that allocated units and is dropped (not deleted) stops
+/// holding them in the report once it is freed.
+#[test]
+fn a_dropped_variable_no_longer_holds_units() {
+    let engine = Engine::builder().track_ops(true).build().unwrap();
+    let memory = engine.new_resource("memory", 4);
+    let buffer = engine.var_named("buffer", vec![0u8; 16]);
+    engine
+        .op()
+        .mutates(&[&buffer])
+        .allocates(&memory, 3, &buffer)
+        .run(|_| Ok::<_, BoxError>(()))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let id = buffer.id();
+    assert_eq!(
+        engine.diagnostics().resources()[0].held_by_vars(),
+        [(id, 3)]
+    );
+    drop(buffer);
+    let e = engine.clone();
+    within(10, move || {
+        while !e.diagnostics().resources()[0].held_by_vars().is_empty() {
+            e.wait_all().wait().unwrap();
+            std::thread::yield_now();
+        }
+    });
+    assert_eq!(memory.in_use(), 0);
+}
+
+/// Without tracking the report lists the ops parked for units only, and
+/// says so.
+#[test]
+fn an_untracked_report_says_what_it_leaves_out() {
+    let engine = Engine::new();
+    let memory = engine.new_resource("memory", 1);
+    let v = engine.var_named("held", ());
+    engine
+        .op()
+        .mutates(&[&v])
+        .allocates(&memory, 1, &v)
+        .run(|_| Ok::<_, BoxError>(()))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let report = engine.diagnostics();
+    assert!(report.ops().is_none());
+    assert!(report.resources()[0].held_by_vars().is_empty());
+    assert!(
+        report
+            .to_string()
+            .contains("only with EngineBuilder::track_ops")
+    );
+}
