@@ -320,7 +320,7 @@ impl fmt::Display for Error {
 ///     .op()
 ///     .name("decode")
 ///     .mutates(&[&v])
-///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file")))?
+///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file").into()))?
 ///     .wait()
 ///     .unwrap_err();
 /// assert_eq!(err.to_string(), "op `decode` failed");

@@ -480,8 +480,8 @@ fn display_does_not_repeat_the_source() {
         .op()
         .name("load shard")
         .mutates(&[&a])
-        .run(|_| -> Result<(), ReadFailed> {
-            Err(ReadFailed(std::io::Error::other("disk on fire")))
+        .run(|_| -> Result<(), depflow::BoxError> {
+            Err(ReadFailed(std::io::Error::other("disk on fire")).into())
         })
         .unwrap()
         .wait()
