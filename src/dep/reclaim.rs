@@ -66,6 +66,7 @@ struct Adopted {
 
 impl Adopted {
     /// Adds `op` at the back.
+    #[inline]
     fn push(&mut self, op: &OpBlock) {
         // SAFETY: `op` is alive (its anchor is held until this list lets go)
         // and only this thread touches the adoption links.
@@ -81,6 +82,7 @@ impl Adopted {
     }
 
     /// Removes the head, which the caller then reclaims or orphans.
+    #[inline]
     fn pop(&mut self) -> Option<*const OpBlock> {
         if self.head.is_null() {
             return None;
@@ -97,6 +99,7 @@ impl Adopted {
 
     /// Pops the head if it should go now: finished, or unfinished while the
     /// list is too long.
+    #[inline]
     fn pop_due(&mut self) -> Option<Popped> {
         let head = self.head;
         if head.is_null() {

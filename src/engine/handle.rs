@@ -53,8 +53,9 @@ pub struct OpHandle<T> {
 
 enum HandleState<T> {
     Pushed(PushedOp<T>),
-    /// Decided without pushing (a refused `Engine::get`).
-    Ready(Result<T, Error>),
+    /// Decided without pushing (a refused `Engine::get`); boxed, so that a
+    /// handle stays two words plus a tag, cheap to move and drop.
+    Ready(Box<Result<T, Error>>),
     /// The result was taken.
     Taken,
 }
@@ -68,7 +69,7 @@ impl<T> OpHandle<T> {
 
     pub(crate) fn ready(result: Result<T, Error>) -> Self {
         Self {
-            state: HandleState::Ready(result),
+            state: HandleState::Ready(Box::new(result)),
         }
     }
 
@@ -158,7 +159,7 @@ impl<T> Future for OpHandle<T> {
                 else {
                     unreachable!()
                 };
-                return Poll::Ready(out);
+                return Poll::Ready(*out);
             }
             HandleState::Taken => return Poll::Pending,
         };
@@ -182,7 +183,9 @@ impl<T> FusedFuture for OpHandle<T> {
 
 impl<T> Drop for OpHandle<T> {
     fn drop(&mut self) {
-        if let HandleState::Pushed(op) = std::mem::replace(&mut self.state, HandleState::Taken) {
+        if let HandleState::Pushed(_) = self.state
+            && let HandleState::Pushed(op) = std::mem::replace(&mut self.state, HandleState::Taken)
+        {
             op.detach();
         }
     }
