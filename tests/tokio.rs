@@ -27,56 +27,61 @@ fn current_thread_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// An engine whose default device is a pool and whose "rt" device spawns
-/// its ops on `handle`, through a custom executor (what users wrote by hand
-/// before `Executor::tokio`).
-fn engine_bridged_to(handle: tokio::runtime::Handle) -> Engine {
-    Engine::builder()
-        .threads(1)
-        .device(
-            "rt",
-            Executor::custom(move |job| {
-                handle.spawn(async move {
-                    job.run();
-                });
-            }),
-        )
-        .build()
-        .unwrap()
+/// Engines whose default device is a pool and whose "rt" device spawns its
+/// ops on `handle`: with `Executor::tokio`, and through a custom executor
+/// (what users wrote by hand before).
+fn engines_on(handle: &tokio::runtime::Handle) -> [Engine; 2] {
+    let bridged = handle.clone();
+    [
+        Executor::tokio(handle.clone()),
+        Executor::custom(move |job| {
+            bridged.spawn(async move {
+                job.run();
+            });
+        }),
+    ]
+    .map(|rt| {
+        Engine::builder()
+            .threads(1)
+            .device("rt", rt)
+            .build()
+            .unwrap()
+    })
 }
 
 #[test]
 fn a_blocking_wait_inside_a_runtime_is_an_error_not_a_hang() {
     within(|| {
         let rt = current_thread_runtime();
-        let engine = engine_bridged_to(rt.handle().clone());
-        let rt_device = engine.device("rt").unwrap();
-        let v = engine.var(0u32);
-        let k = v.key();
-        // Runs only when the current-thread runtime is driven: blocking the
-        // thread that drives it could never see it finish.
-        let op = engine
-            .op()
-            .on(rt_device)
-            .mutates(&[&v])
-            .run_async(move |ctx| async move {
-                *ctx.write(k)? += 1;
-                Ok::<_, BoxError>(7u32)
-            })
-            .unwrap();
-        rt.block_on(async {
-            let all = engine.wait_all();
-            assert!(matches!(all.wait(), Err(Error::BlockingInRuntime)));
-            let mut op = op;
-            assert!(matches!(
-                op.wait_timeout(Duration::from_secs(30)),
-                Err(Error::BlockingInRuntime)
-            ));
-            // The handle is still good: awaiting it is the way.
-            assert_eq!((&mut op).await.unwrap(), 7);
-            engine.wait_all().await.unwrap();
-        });
-        drop(engine);
+        for engine in engines_on(rt.handle()) {
+            let rt_device = engine.device("rt").unwrap();
+            let v = engine.var(0u32);
+            let k = v.key();
+            // Runs only when the current-thread runtime is driven: blocking the
+            // thread that drives it could never see it finish.
+            let op = engine
+                .op()
+                .on(rt_device)
+                .mutates(&[&v])
+                .run_async(move |ctx| async move {
+                    *ctx.write(k)? += 1;
+                    Ok::<_, BoxError>(7u32)
+                })
+                .unwrap();
+            rt.block_on(async {
+                let all = engine.wait_all();
+                assert!(matches!(all.wait(), Err(Error::BlockingInRuntime)));
+                let mut op = op;
+                assert!(matches!(
+                    op.wait_timeout(Duration::from_secs(30)),
+                    Err(Error::BlockingInRuntime)
+                ));
+                // The handle is still good: awaiting it is the way.
+                assert_eq!((&mut op).await.unwrap(), 7);
+                engine.wait_all().await.unwrap();
+            });
+            drop(engine);
+        }
     });
 }
 
@@ -105,27 +110,28 @@ fn a_blocking_wait_on_finished_work_inside_a_runtime_returns_it() {
 fn dropping_the_engine_inside_a_runtime_does_not_hang() {
     within(|| {
         let rt = current_thread_runtime();
-        let engine = engine_bridged_to(rt.handle().clone());
-        let rt_device = engine.device("rt").unwrap();
-        let v = engine.var(0u32);
-        let k = v.key();
-        let op = engine
-            .op()
-            .on(rt_device)
-            .mutates(&[&v])
-            .run_async(move |ctx| async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                *ctx.write(k)? += 1;
-                Ok::<_, BoxError>(())
-            })
-            .unwrap();
-        rt.block_on(async move {
-            // The op needs this very thread to drive the runtime: a drop that
-            // blocked until the op finished would never return.
-            drop(engine);
-            op.await.unwrap();
-        });
-        assert_eq!(v.version(), 1);
+        for engine in engines_on(rt.handle()) {
+            let rt_device = engine.device("rt").unwrap();
+            let v = engine.var(0u32);
+            let k = v.key();
+            let op = engine
+                .op()
+                .on(rt_device)
+                .mutates(&[&v])
+                .run_async(move |ctx| async move {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    *ctx.write(k)? += 1;
+                    Ok::<_, BoxError>(())
+                })
+                .unwrap();
+            rt.block_on(async move {
+                // The op needs this very thread to drive the runtime: a drop that
+                // blocked until the op finished would never return.
+                drop(engine);
+                op.await.unwrap();
+            });
+            assert_eq!(v.version(), 1);
+        }
     });
 }
 
@@ -292,5 +298,37 @@ fn a_blocking_wait_in_spawn_blocking_goes_through_the_runtime() {
             .unwrap()
         });
         assert_eq!(got.unwrap(), 3);
+    });
+}
+
+#[test]
+fn waiting_for_room_inside_a_runtime_refuses_only_when_there_is_none() {
+    within(|| {
+        let engine = Engine::builder()
+            .threads(1)
+            .max_in_flight(1)
+            .build()
+            .unwrap();
+        let v = engine.new_var();
+        let rt = current_thread_runtime();
+        // Room: nothing to block on.
+        rt.block_on(async {
+            assert!(engine.op().mutates(&[&v]).when_room().wait().is_ok());
+        });
+        let (release, gate) = mpsc::channel::<()>();
+        engine
+            .push(&[], &[&v], move |_| -> Result<(), BoxError> {
+                gate.recv()?;
+                Ok(())
+            })
+            .unwrap();
+        rt.block_on(async {
+            assert!(matches!(
+                engine.op().mutates(&[&v]).when_room().wait(),
+                Err(Error::BlockingInRuntime)
+            ));
+        });
+        release.send(()).unwrap();
+        engine.wait_all().wait().unwrap();
     });
 }
