@@ -332,3 +332,40 @@ fn waiting_for_room_inside_a_runtime_refuses_only_when_there_is_none() {
         engine.wait_all().wait().unwrap();
     });
 }
+
+#[test]
+fn an_op_awaiting_a_timer_of_a_runtime_that_shuts_down_fails_instead_of_hanging() {
+    within(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let engine = Engine::builder()
+            .threads(1)
+            .device("io", Executor::tokio(rt.handle().clone()))
+            .build()
+            .unwrap();
+        let io = engine.device("io").unwrap();
+        let v = engine.var(0u32);
+        let (started, has_started) = mpsc::channel::<()>();
+        let op = engine
+            .op()
+            .on(io)
+            .mutates(&[&v])
+            .run_async(move |_| async move {
+                started.send(())?;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok::<_, BoxError>(())
+            })
+            .unwrap();
+        has_started.recv().unwrap();
+        drop(rt); // the op is parked on the runtime's timer
+        assert!(matches!(op.wait(), Err(Error::Failed(_))));
+        // Its output is poisoned by that failure, and the engine drops.
+        assert!(matches!(
+            engine.wait_for_var(&v).wait(),
+            Err(Error::Poisoned(_))
+        ));
+    });
+}

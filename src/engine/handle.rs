@@ -23,7 +23,7 @@ use crate::exec::in_tokio_runtime;
 
 /// Why the calling thread must not block on work that is not done: it runs
 /// an op, or it is inside a tokio runtime.
-pub(super) fn refuse_to_block() -> Option<Error> {
+fn refuse_to_block() -> Option<Error> {
     if in_op() {
         Some(Error::BlockingInOp)
     } else if in_tokio_runtime() {

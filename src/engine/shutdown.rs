@@ -18,10 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Engine;
-use super::handle::refuse_to_block;
 use super::shared::Shared;
-use crate::dep::reclaim;
+use crate::dep::{in_op, reclaim};
 use crate::error::Error;
+use crate::exec::in_tokio_runtime;
 
 /// Shuts the engine down when dropped (by the last engine handle).
 pub(super) struct ShutdownOnDrop {
@@ -53,14 +53,16 @@ impl Drop for ShutdownOnDrop {
             shared.stop_executors();
             reclaim::drain();
         };
-        let drained = self.shared.pending.in_flight() == 0;
-        if !self.in_background.load(Ordering::SeqCst) && (drained || refuse_to_block().is_none()) {
+        // Dropped inside an op (waiting here would wait for this very op),
+        // inside an async runtime with ops in flight (they may need this
+        // thread to drive it), or after a shutdown gave up waiting: let a
+        // helper thread wait for the drain and stop the executors.
+        let in_background = self.in_background.load(Ordering::SeqCst)
+            || in_op()
+            || (in_tokio_runtime() && self.shared.pending.in_flight() != 0);
+        if !in_background {
             return stop();
         }
-        // Dropped inside an op (waiting here would wait for this very op),
-        // inside an async runtime (the ops may need this thread to drive
-        // it), or after a shutdown gave up waiting: let a helper thread wait
-        // for the drain and stop the executors.
         let keep = self.shared.clone();
         let spawned = std::thread::Builder::new()
             .name("depflow-shutdown".into())
