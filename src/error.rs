@@ -225,6 +225,24 @@ pub enum Error {
     /// A blocking wait was called inside an op, where it could stall the very
     /// executor that has to make progress; `.await` the wait instead.
     BlockingInOp,
+    /// A blocking wait was called on a thread inside an async runtime (a
+    /// tokio runtime, with the `tokio` feature) before its work was done:
+    /// blocking there could stall the very runtime that work needs, as
+    /// tokio's own `block_on` refuses to. `.await` the wait instead. See
+    /// [`OpHandle::wait`](crate::OpHandle::wait) for what is and is not
+    /// detected.
+    BlockingInRuntime,
+    /// A wait with a deadline ([`OpHandle::wait_timeout`](crate::OpHandle::wait_timeout),
+    /// [`Wait::wait_timeout`](crate::Wait::wait_timeout),
+    /// [`Engine::shutdown_timeout`](crate::Engine::shutdown_timeout)) ran out
+    /// of time. The wait itself is still good: wait or `.await` it again.
+    TimedOut {
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// The engine's ops still in flight at the deadline, for waits on
+        /// the whole engine (`wait_all`, shutdown).
+        in_flight: Option<usize>,
+    },
     /// A wait inside an op would wait for that op itself (`wait_all`, or
     /// `wait_for_var` on a variable the op declared).
     WaitsForItself,
@@ -279,6 +297,16 @@ impl fmt::Display for Error {
             Error::BlockingInOp => f.write_str(
                 "blocking wait inside an op (it could deadlock the executor); use .await",
             ),
+            Error::BlockingInRuntime => f.write_str(
+                "blocking wait inside an async runtime (it could stall the runtime the awaited work needs); use .await",
+            ),
+            Error::TimedOut { waited, in_flight } => {
+                write!(f, "timed out after {waited:?}")?;
+                match in_flight {
+                    Some(n) => write!(f, " with {n} op(s) still in flight"),
+                    None => Ok(()),
+                }
+            }
             Error::WaitsForItself => {
                 f.write_str("this wait inside an op would wait for the op itself")
             }

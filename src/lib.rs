@@ -70,8 +70,13 @@
 //! Where ready ops run is separate from dependency tracking: a work-stealing
 //! CPU pool ([`Executor::pool`], the default), the caller's thread
 //! ([`Executor::inline`], for debugging), or any function of yours
-//! ([`Executor::custom`], e.g. spawning onto tokio). An engine may have several
-//! named devices, each with its own executor ([`EngineBuilder::device`]).
+//! ([`Executor::custom`]), or a tokio runtime (`Executor::tokio`, with the
+//! `tokio` feature), whose async ops can await tokio's timers and files. An
+//! engine may have several named devices, each with its own executor
+//! ([`EngineBuilder::device`]); [`Executor`] says which futures work on
+//! which, and [`Executor::on_thread_start`] lets a pool's threads enter a
+//! runtime. `DEPFLOW_EXECUTOR=inline` switches the default device to the
+//! inline executor without touching the code ([`EngineBuilder`]).
 //! A *stream device* (a GPU with `--features cuda`, or a simulated one) runs
 //! ops that enqueue work on its streams and complete when that work does;
 //! see [`stream`].

@@ -311,3 +311,43 @@ pub(crate) fn drain() {
         }
     }
 }
+
+/// As [`block_on`], giving up at `deadline`: `None` if `fut` was not ready by
+/// then (it is left as it was, to be polled again).
+pub(crate) fn block_on_until<F: std::future::Future + Unpin>(
+    mut fut: F,
+    deadline: std::time::Instant,
+) -> Option<F::Output> {
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(out) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
+            return Some(out);
+        }
+        if collect_at_most(256) > 0 {
+            continue;
+        }
+        let left = deadline.checked_duration_since(std::time::Instant::now())?;
+        if left.is_zero() {
+            return None;
+        }
+        if has_adopted() {
+            // Ops of ours are still running: look again soon.
+            std::thread::park_timeout(left.min(std::time::Duration::from_micros(100)));
+        } else {
+            std::thread::park_timeout(left);
+        }
+    }
+}

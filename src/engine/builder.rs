@@ -18,6 +18,25 @@ pub const DEFAULT_DEVICE: &str = "cpu";
 /// Configures an [`Engine`]: its default device's executor and any further
 /// named devices.
 ///
+/// # Environment
+///
+/// The default device's executor can be switched without touching the code,
+/// as MXNet's `MXNET_ENGINE_TYPE=NaiveEngine` is for debugging. These are
+/// read when the builder is made ([`Engine::builder`], [`Engine::new`],
+/// `EngineBuilder::default()`):
+///
+/// | variable | values | effect |
+/// | --- | --- | --- |
+/// | `DEPFLOW_EXECUTOR` | `pool` (default), `inline` | `inline`: every op runs on the thread that makes it ready ([`Executor::inline`]): one op at a time, in a debugger's reach |
+/// | `DEPFLOW_THREADS` | a number, at least 1 | the default pool's threads (default: one per available core) |
+///
+/// An explicit [`executor`](EngineBuilder::executor) or
+/// [`threads`](EngineBuilder::threads) call overrides both; named
+/// [devices](EngineBuilder::device) keep their executors. An empty value
+/// counts as unset. Any other value makes [`build`](EngineBuilder::build)
+/// fail with [`Error::Config`] naming the variable (and so
+/// [`Engine::new`] panic with that message), rather than being ignored.
+///
 /// ```
 /// use depflow::{Engine, Error, Executor};
 ///
@@ -39,6 +58,9 @@ pub const DEFAULT_DEVICE: &str = "cpu";
 #[derive(Debug)]
 pub struct EngineBuilder {
     default: Executor,
+    /// A bad `DEPFLOW_*` variable, reported by `build` unless an explicit
+    /// default executor replaces what it configures.
+    env_error: Option<String>,
     devices: Vec<(String, Executor)>,
     max_in_flight: usize,
     track_ops: bool,
@@ -46,13 +68,17 @@ pub struct EngineBuilder {
 
 impl EngineBuilder {
     /// The executor of the default device, named [`DEFAULT_DEVICE`]
-    /// (default: a pool with one thread per available core).
+    /// (default: a pool with one thread per available core, unless the
+    /// [environment](EngineBuilder#environment) says otherwise: this call
+    /// overrides it).
     pub fn executor(mut self, executor: Executor) -> Self {
         self.default = executor;
+        self.env_error = None;
         self
     }
 
-    /// Shorthand for `.executor(Executor::pool(threads))`.
+    /// Shorthand for `.executor(Executor::pool(threads))` (overrides
+    /// `DEPFLOW_EXECUTOR` and `DEPFLOW_THREADS`).
     pub fn threads(self, threads: usize) -> Self {
         self.executor(Executor::pool(threads))
     }
@@ -103,8 +129,14 @@ impl EngineBuilder {
     /// # Errors
     ///
     /// [`Error::Config`] for a pool of zero threads, a repeated device name,
-    /// more than 65536 devices, or threads that could not be spawned.
+    /// more than 65536 devices, threads that could not be spawned, a
+    /// [thread start hook](Executor::on_thread_start) that panicked or was
+    /// given to an executor without threads of its own, or a bad
+    /// [`DEPFLOW_*` variable](EngineBuilder#environment).
     pub fn build(self) -> Result<Engine, Error> {
+        if let Some(e) = self.env_error {
+            return Err(Error::Config(e));
+        }
         let mut specs = vec![(DEFAULT_DEVICE.to_string(), self.default)];
         specs.extend(self.devices);
         if specs.len() > usize::from(u16::MAX) + 1 {
@@ -115,12 +147,12 @@ impl EngineBuilder {
             if devices.iter().any(|d: &DeviceSlot| &d.name == name) {
                 return Err(Error::Config(format!("device `{name}` is defined twice")));
             }
-            if devices.is_empty() && matches!(executor.0, ExecutorKind::Streams(_)) {
+            if devices.is_empty() && matches!(executor.kind, ExecutorKind::Streams(_)) {
                 return Err(Error::Config(format!(
                     "the default device `{name}` must run on the host (a stream device's ops enqueue work): add the stream device with `device`"
                 )));
             }
-            if let ExecutorKind::Pool(0) = executor.0 {
+            if let ExecutorKind::Pool(0) = executor.kind {
                 return Err(Error::Config(format!(
                     "device `{name}`: a pool needs at least one thread"
                 )));
@@ -146,15 +178,57 @@ impl EngineBuilder {
 }
 
 impl Default for EngineBuilder {
-    /// The default device is a pool with one thread per available core; no
-    /// other device, no bound on ops in flight, no op tracking.
+    /// The default device is a pool with one thread per available core (or
+    /// as the [environment](EngineBuilder#environment) says); no other
+    /// device, no bound on ops in flight, no op tracking.
     fn default() -> Self {
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let (default, env_error) = match executor_from_env() {
+            Ok(executor) => (executor, None),
+            Err(e) => (Executor::inline(), Some(e)),
+        };
         Self {
-            default: Executor::pool(threads),
+            default,
+            env_error,
             devices: Vec::new(),
             max_in_flight: 0,
             track_ops: false,
         }
+    }
+}
+
+/// The default device's executor, as `DEPFLOW_EXECUTOR` and `DEPFLOW_THREADS`
+/// say; a message naming the variable if one is bad.
+fn executor_from_env() -> Result<Executor, String> {
+    fn var(name: &str) -> Result<Option<String>, String> {
+        match std::env::var(name) {
+            Ok(v) if v.trim().is_empty() => Ok(None),
+            Ok(v) => Ok(Some(v.trim().to_string())),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => Err(format!("{name}={v:?}: not unicode")),
+        }
+    }
+    let threads = match var("DEPFLOW_THREADS")? {
+        None => None,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                return Err(format!(
+                    "DEPFLOW_THREADS={v:?}: expected a number of threads, at least 1"
+                ));
+            }
+        },
+    };
+    let pool = || {
+        Executor::pool(
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
+        )
+    };
+    match var("DEPFLOW_EXECUTOR")?.as_deref() {
+        None => Ok(pool()),
+        Some(kind) if kind.eq_ignore_ascii_case("pool") => Ok(pool()),
+        Some(kind) if kind.eq_ignore_ascii_case("inline") => Ok(Executor::inline()),
+        Some(kind) => Err(format!(
+            "DEPFLOW_EXECUTOR={kind:?}: expected `pool` or `inline`"
+        )),
     }
 }

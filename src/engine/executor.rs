@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use crate::dep::{OpBlock, Runner, reclaim};
 use crate::device::{Spec, StreamDevice};
-use crate::exec::{Custom, Inline, Pool, Queue, Work};
+#[cfg(feature = "tokio")]
+use crate::exec::Tokio;
+use crate::exec::{Custom, Inline, Pool, Queue, StartHook, Work};
 
 impl Work for Runner {
     #[inline]
@@ -91,8 +93,28 @@ impl Exec {
 /// assert!(engine.device("cpu1").is_some());
 /// # Ok::<(), depflow::Error>(())
 /// ```
+///
+/// # Which futures work where
+///
+/// An async op ([`Engine::push_async`](crate::Engine::push_async)) is polled
+/// on its device's threads, so the futures it awaits need what those threads
+/// have:
+///
+/// | device | futures that work |
+/// | --- | --- |
+/// | [`pool`](Executor::pool), [`inline`](Executor::inline) | runtime-agnostic ones: other ops' handles and waits, channels (`futures`, `async-channel`, tokio's `sync`), smol's `async-io` timers and I/O (its reactor is a thread of its own) |
+/// | a pool whose threads [entered a runtime](Executor::on_thread_start) | also that runtime's: tokio's timers, `tokio::fs`, sockets |
+/// | `Executor::tokio` (the `tokio` feature) | also tokio's: timers, `tokio::fs`, sockets; its sync bodies run on tokio's workers |
+/// | [`custom`](Executor::custom) | whatever the threads that call [`Job::run`] provide |
+///
+/// Elsewhere tokio's futures panic with "there is no reactor running"; the
+/// engine reports that as the op's failure.
 #[derive(Clone)]
-pub struct Executor(pub(crate) ExecutorKind);
+pub struct Executor {
+    pub(crate) kind: ExecutorKind,
+    /// Run first thing on each of the device's threads.
+    on_thread_start: Option<StartHook>,
+}
 
 #[derive(Clone)]
 pub(crate) enum ExecutorKind {
@@ -100,19 +122,29 @@ pub(crate) enum ExecutorKind {
     Inline,
     Custom(Arc<dyn Fn(Job) + Send + Sync>),
     Streams(Spec),
+    #[cfg(feature = "tokio")]
+    Tokio(tokio::runtime::Handle),
 }
+
 impl Executor {
+    fn of(kind: ExecutorKind) -> Self {
+        Executor {
+            kind,
+            on_thread_start: None,
+        }
+    }
+
     /// A work-stealing pool of `threads` CPU worker threads. Ready ops with a
     /// higher [priority](crate::OpBuilder::priority) run before lower ones.
     pub fn pool(threads: usize) -> Self {
-        Executor(ExecutorKind::Pool(threads))
+        Self::of(ExecutorKind::Pool(threads))
     }
 
     /// Runs each op on the thread that makes it ready: inside `push` when its
     /// dependencies are met at once, else on the thread that completes its
     /// last dependency. For debugging: no worker threads, same results.
     pub fn inline() -> Self {
-        Executor(ExecutorKind::Inline)
+        Self::of(ExecutorKind::Inline)
     }
 
     /// Hands every ready op to `schedule`, which must arrange for
@@ -138,7 +170,44 @@ impl Executor {
     /// # Ok::<(), depflow::Error>(())
     /// ```
     pub fn custom(schedule: impl Fn(Job) + Send + Sync + 'static) -> Self {
-        Executor(ExecutorKind::Custom(Arc::new(schedule)))
+        Self::of(ExecutorKind::Custom(Arc::new(schedule)))
+    }
+
+    /// Runs the device's ops on the tokio runtime of `handle` (the `tokio`
+    /// feature): each ready op is spawned there as a task, so async ops can
+    /// await tokio's timers, files and sockets.
+    ///
+    /// Each step of an op runs in a task, not in `spawn_blocking`: a
+    /// synchronous body holds one of tokio's workers while it runs, so long
+    /// computations belong on a [pool](Executor::pool) device (push them
+    /// there and `.await` their handles from the async ops). On a
+    /// current-thread runtime, ops run only while the runtime is driven (in
+    /// its `block_on`). If the runtime shuts down with ops of the device
+    /// still to run, those ops are dropped: their handles resolve to a
+    /// failure, and their outputs are poisoned.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let rt = tokio::runtime::Runtime::new().unwrap();
+    /// let engine = Engine::builder()
+    ///     .device("io", Executor::tokio(rt.handle().clone()))
+    ///     .build()?;
+    /// let io = engine.device("io").unwrap();
+    /// let v = engine.var(0u32);
+    /// let k = v.key();
+    /// let op = engine.op().on(io).mutates(&[&v]).run_async(move |ctx| async move {
+    ///     tokio::time::sleep(Duration::from_millis(1)).await; // tokio's timer
+    ///     *ctx.write(k)? += 1;
+    ///     Ok::<_, depflow::BoxError>(())
+    /// })?;
+    /// rt.block_on(op)?; // or `.await` it inside the runtime; `op.wait()` outside
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn tokio(handle: tokio::runtime::Handle) -> Self {
+        Self::of(ExecutorKind::Tokio(handle))
     }
 
     /// A simulated GPU with `compute_streams` compute streams and two copy
@@ -148,7 +217,7 @@ impl Executor {
     /// GPU programs can be tested (and their dependencies checked) on any
     /// machine. See [`Stream`](crate::stream::Stream) for an example.
     pub fn simulated_gpu(compute_streams: usize) -> Self {
-        Executor(ExecutorKind::Streams(Spec::Sim {
+        Self::of(ExecutorKind::Streams(Spec::Sim {
             compute: compute_streams,
         }))
     }
@@ -166,17 +235,69 @@ impl Executor {
     /// allocate with if only engine ops touch the memory.
     #[cfg(feature = "cuda")]
     pub fn cuda(ordinal: usize, compute_streams: usize) -> Self {
-        Executor(ExecutorKind::Streams(Spec::Cuda {
+        Self::of(ExecutorKind::Streams(Spec::Cuda {
             ordinal,
             compute: compute_streams,
         }))
     }
 
+    /// Runs `f` first thing on each thread the device runs op bodies on: a
+    /// pool's workers, a stream device's launcher (as tokio's and rayon's
+    /// builders' `on_thread_start`). Building the engine waits until every
+    /// thread has run it (so `f` must return), and fails with
+    /// [`Error::Config`](crate::Error::Config) if it panics on any, or if
+    /// the executor has no threads of its own ([`inline`](Executor::inline),
+    /// [`custom`](Executor::custom), `tokio`). A second
+    /// call replaces the first.
+    ///
+    /// The use it was made for: enter an async runtime on each worker, so
+    /// that the pool's async ops can await that runtime's timers and I/O.
+    /// Keep the guard for the thread's life by forgetting it (the runtime's
+    /// context then stays entered until the thread exits):
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let rt = tokio::runtime::Runtime::new().unwrap();
+    /// let handle = rt.handle().clone();
+    /// let engine = Engine::builder()
+    ///     .executor(Executor::pool(2).on_thread_start(move || {
+    ///         std::mem::forget(handle.enter());
+    ///     }))
+    ///     .build()?;
+    /// let v = engine.var(0u32);
+    /// let k = v.key();
+    /// let op = engine.push_async(&[], &[&v], move |ctx| async move {
+    ///     // On a pool worker, which entered the runtime: tokio's timer works.
+    ///     tokio::time::sleep(Duration::from_millis(1)).await;
+    ///     *ctx.write(k)? += 1;
+    ///     Ok::<_, depflow::BoxError>(())
+    /// })?;
+    /// op.wait()?;
+    /// assert_eq!(v.version(), 1);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    ///
+    /// The pool's workers are then inside the runtime as far as tokio can
+    /// tell, but they are not its workers: the runtime must stay up (here
+    /// `rt`) for their timers and I/O to make progress.
+    pub fn on_thread_start(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_thread_start = Some(Arc::new(f));
+        self
+    }
+
     /// Builds the executor of the device named `name`.
     pub(crate) fn build(&self, name: &str) -> Result<Exec, String> {
-        let io = |e: std::io::Error| format!("cannot spawn its threads: {e}");
-        Ok(match &self.0 {
-            ExecutorKind::Pool(threads) => Exec::Pool(Pool::new(name, *threads).map_err(io)?),
+        let hook = self.on_thread_start.as_ref();
+        if hook.is_some() && !matches!(self.kind, ExecutorKind::Pool(_) | ExecutorKind::Streams(_))
+        {
+            return Err(format!(
+                "{self:?}: only a pool or a stream device has threads of its own to run a start hook on"
+            ));
+        }
+        Ok(match &self.kind {
+            ExecutorKind::Pool(threads) => Exec::Pool(Pool::new(name, *threads, hook)?),
             ExecutorKind::Inline => Exec::Other(Box::new(Inline)),
             ExecutorKind::Custom(f) => {
                 let f = f.clone();
@@ -184,20 +305,28 @@ impl Executor {
             }
             ExecutorKind::Streams(spec) => Exec::Stream(Box::new(StreamExec {
                 device: StreamDevice::new(name, spec)?,
-                launcher: Pool::new(&format!("{name}-launch"), 1).map_err(io)?,
+                launcher: Pool::new(&format!("{name}-launch"), 1, hook)?,
             })),
+            #[cfg(feature = "tokio")]
+            ExecutorKind::Tokio(handle) => Exec::Other(Box::new(Tokio::new(handle.clone()))),
         })
     }
 }
 
 impl fmt::Debug for Executor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
+        match &self.kind {
             ExecutorKind::Pool(n) => write!(f, "Executor::pool({n})"),
             ExecutorKind::Inline => f.write_str("Executor::inline()"),
             ExecutorKind::Custom(_) => f.write_str("Executor::custom(..)"),
             ExecutorKind::Streams(spec) => write!(f, "Executor::{spec:?}"),
+            #[cfg(feature = "tokio")]
+            ExecutorKind::Tokio(_) => f.write_str("Executor::tokio(..)"),
+        }?;
+        if self.on_thread_start.is_some() {
+            f.write_str(".on_thread_start(..)")?;
         }
+        Ok(())
     }
 }
 /// A ready op, handed to a [custom executor](Executor::custom).

@@ -29,7 +29,10 @@ use crate::trace::Diagnostics;
 /// each other: there is no global instance.
 ///
 /// Dropping the last clone blocks until the pushed ops have run, except
-/// inside an op, where a helper thread waits instead. With a
+/// inside an op, inside a tokio runtime (with the `tokio` feature) and after
+/// [`shutdown_timeout`](Engine::shutdown_timeout) gave up: there a helper
+/// thread waits instead, and the drop returns at once (`.await`
+/// [`shutdown`](Engine::shutdown) first to know the ops have run). With a
 /// [custom executor](crate::Executor::custom), do not drop it on one of that
 /// executor's own threads (or `.await` [`shutdown`](Engine::shutdown) first):
 /// blocking there could stall the very executor that must run the remaining
@@ -60,7 +63,7 @@ use crate::trace::Diagnostics;
 /// ```
 #[derive(Clone)]
 pub struct Engine {
-    handle: Arc<ShutdownOnDrop>,
+    pub(super) handle: Arc<ShutdownOnDrop>,
 }
 
 impl Default for Engine {
@@ -83,16 +86,20 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// An engine whose default device is a work-stealing pool with one thread
-    /// per available core.
+    /// per available core, unless the environment says otherwise:
+    /// `DEPFLOW_EXECUTOR=inline` runs every op on the thread that makes it
+    /// ready (for debugging), `DEPFLOW_THREADS=n` sizes the pool (see
+    /// [`EngineBuilder`'s environment](EngineBuilder#environment)).
     ///
     /// # Panics
     ///
-    /// If the pool's threads cannot be spawned; use [`Engine::builder`] to
-    /// handle that as an error.
+    /// If the pool's threads cannot be spawned, or a `DEPFLOW_*` variable has
+    /// a bad value (the message names it); use [`Engine::builder`] to handle
+    /// that as an error.
     pub fn new() -> Self {
         Self::builder()
             .build()
-            .expect("depflow: cannot start the engine")
+            .unwrap_or_else(|e| panic!("depflow: cannot start the engine: {e}"))
     }
 
     /// Configures an engine.
@@ -537,7 +544,9 @@ impl Engine {
     /// Shuts the engine down: new pushes fail with [`Error::ShutDown`]; the
     /// returned wait resolves once every op pushed before has finished. The
     /// executors' threads stop when the last handle is dropped (dropping it
-    /// also shuts down, blocking until the ops have finished). Inside an op
+    /// also shuts down, blocking until the ops have finished, except where
+    /// [`Engine`] says). [`shutdown_timeout`](Engine::shutdown_timeout)
+    /// waits with a deadline. Inside an op
     /// the engine is shut down all the same, but the wait resolves at once to
     /// [`Error::WaitsForItself`].
     ///

@@ -1,11 +1,17 @@
 //! Futures that users await: an op's result ([`OpHandle`]) and the engine's
 //! waits ([`Wait`]). Each also has a blocking `wait()` for code that is not
-//! async.
+//! async, and a `wait_timeout()` that gives up at a deadline.
+//!
+//! A blocking wait refuses to block, rather than risk hanging, where the
+//! thread may be one the awaited work needs: inside an op
+//! ([`Error::BlockingInOp`]) and, with the `tokio` feature, inside a tokio
+//! runtime ([`Error::BlockingInRuntime`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use futures::future::FusedFuture;
 
@@ -13,18 +19,76 @@ use super::shared::Shared;
 use crate::core::generations::Signal;
 use crate::dep::{OpTask, PushedOp, in_op, reclaim};
 use crate::error::{Error, FailureKind, OpFailure};
+use crate::exec::in_tokio_runtime;
 
-/// Blocks the calling thread on `fut`, unless it is inside an op and `fut`
-/// is not `ready` yet: blocking there could stall the very executor the
-/// awaited work needs.
+/// Why the calling thread must not block on work that is not done: it runs
+/// an op, or it is inside a tokio runtime.
+fn refuse_to_block() -> Option<Error> {
+    if in_op() {
+        Some(Error::BlockingInOp)
+    } else if in_tokio_runtime() {
+        Some(Error::BlockingInRuntime)
+    } else {
+        None
+    }
+}
+
+/// Where the calling thread must not block ([`refuse_to_block`]) and `fut`
+/// is not `ready`, polls it once (a wait that cannot tell it is done without
+/// polling): its output if it is done after all, else the refusal. `None`
+/// where blocking is fine.
+fn refused<T, F>(ready: bool, fut: &mut F) -> Option<Result<T, Error>>
+where
+    F: Future<Output = Result<T, Error>> + Unpin,
+{
+    if ready {
+        return None;
+    }
+    let refusal = refuse_to_block()?;
+    match Pin::new(fut).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => Some(Err(refusal)),
+    }
+}
+
+/// Blocks the calling thread on `fut`, unless the thread must not block
+/// ([`refuse_to_block`]) and `fut` is not `ready` yet: blocking there could
+/// stall the very executor the awaited work needs.
 pub(super) fn block_outside_ops<T>(
     ready: bool,
     fut: impl Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    if in_op() && !ready {
-        return Err(Error::BlockingInOp);
+    let mut fut = std::pin::pin!(fut);
+    if let Some(out) = refused(ready, &mut fut) {
+        return out;
     }
     reclaim::block_on(fut)
+}
+
+/// As [`block_outside_ops`], giving up after `timeout` with
+/// [`Error::TimedOut`] (reporting `in_flight()` ops); `fut` is left as it
+/// was, to be waited on again.
+fn block_outside_ops_for<T, F>(
+    ready: bool,
+    fut: &mut F,
+    timeout: Duration,
+    in_flight: impl FnOnce() -> Option<usize>,
+) -> Result<T, Error>
+where
+    F: Future<Output = Result<T, Error>> + Unpin,
+{
+    if let Some(out) = refused(ready, fut) {
+        return out;
+    }
+    let Some(deadline) = Instant::now().checked_add(timeout) else {
+        return reclaim::block_on(fut); // no deadline this side of the heat death
+    };
+    reclaim::block_on_until(fut, deadline).unwrap_or_else(|| {
+        Err(Error::TimedOut {
+            waited: timeout,
+            in_flight: in_flight(),
+        })
+    })
 }
 
 /// The result of a pushed op: a future that resolves once the op has run (or
@@ -126,11 +190,70 @@ impl<T> OpHandle<T> {
     ///
     /// # Errors
     ///
-    /// The op's error; or [`Error::BlockingInOp`] if called inside an op
-    /// while the op it waits for has not finished (blocking there could stall
-    /// the executor the other op needs: `.await` it instead).
+    /// The op's error; or, while the op has not finished (else its result
+    /// is returned):
+    ///
+    /// - [`Error::BlockingInOp`] if called inside an op: blocking there could
+    ///   stall the executor the other op needs;
+    /// - [`Error::BlockingInRuntime`] (with the `tokio` feature) if called on
+    ///   a thread inside a tokio runtime: a worker, its `block_on`, a thread
+    ///   under a `Handle::enter` guard. Blocking there could stall the
+    ///   runtime the op needs (a current-thread runtime would never run it),
+    ///   and tokio's own `block_on` panics there.
+    ///
+    /// In both cases `.await` the handle instead. Where blocking is what you
+    /// want on such a thread (a `spawn_blocking` closure, which tokio counts
+    /// as inside the runtime), block through the runtime:
+    /// `Handle::current().block_on(handle)`.
+    ///
+    /// What cannot be detected, and hangs or stalls as any blocking call
+    /// would: blocking inside another runtime (smol's, async-std's, a
+    /// `futures` executor), on a thread of a
+    /// [custom executor](crate::Executor::custom), or inside tokio without
+    /// the `tokio` feature. [`wait_timeout`](OpHandle::wait_timeout) bounds
+    /// the wait there.
     pub fn wait(self) -> Result<T, Error> {
         block_outside_ops(self.is_finished(), self)
+    }
+
+    /// As [`wait`](OpHandle::wait), giving up after `timeout`: then it returns
+    /// [`Error::TimedOut`] and the handle is still good (wait, or `.await`
+    /// it, again).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use depflow::{BoxError, Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let v = engine.new_var();
+    /// let (release, gate) = std::sync::mpsc::channel::<()>();
+    /// let mut op = engine.push(&[], &[&v], move |_| -> Result<u32, BoxError> {
+    ///     gate.recv()?; // stuck until released
+    ///     Ok(42)
+    /// })?;
+    /// assert!(matches!(
+    ///     op.wait_timeout(Duration::from_millis(10)),
+    ///     Err(Error::TimedOut { .. })
+    /// ));
+    /// release.send(()).unwrap();
+    /// assert_eq!(op.wait_timeout(Duration::from_secs(60))?, 42);
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`wait`](OpHandle::wait), and [`Error::TimedOut`].
+    ///
+    /// # Panics
+    ///
+    /// If the handle has already returned its result (from this call, or
+    /// as a future), as a future polled after it completed does.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<T, Error> {
+        assert!(
+            self.task.is_some(),
+            "OpHandle::wait_timeout called after the handle returned its result"
+        );
+        block_outside_ops_for(self.is_finished(), self, timeout, || None)
     }
 }
 
@@ -267,10 +390,55 @@ impl Wait {
     ///
     /// # Errors
     ///
-    /// What awaiting it would return; or [`Error::BlockingInOp`] if called
-    /// inside an op before the wait is over.
+    /// What awaiting it would return; or, before the wait is over,
+    /// [`Error::BlockingInOp`] inside an op and [`Error::BlockingInRuntime`]
+    /// inside a tokio runtime (with the `tokio` feature), as for
+    /// [`OpHandle::wait`], which says what is not detected.
     pub fn wait(self) -> Result<(), Error> {
         block_outside_ops(self.is_ready(), self)
+    }
+
+    /// As [`wait`](Wait::wait), giving up after `timeout`: then it returns
+    /// [`Error::TimedOut`], which for a wait on the whole engine
+    /// ([`wait_all`](crate::Engine::wait_all),
+    /// [`shutdown`](crate::Engine::shutdown)) counts the ops still in
+    /// flight, and the wait is still good (wait, or `.await` it, again).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use depflow::{BoxError, Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let v = engine.new_var();
+    /// let (release, gate) = std::sync::mpsc::channel::<()>();
+    /// engine.push(&[], &[&v], move |_| -> Result<(), BoxError> { Ok(gate.recv()?) })?;
+    /// engine.push(&[], &[&v], |_| Ok::<_, BoxError>(()))?; // behind the first
+    /// let mut all = engine.wait_all();
+    /// match all.wait_timeout(Duration::from_millis(10)) {
+    ///     Err(Error::TimedOut { in_flight, .. }) => assert_eq!(in_flight, Some(2)),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// release.send(()).unwrap();
+    /// all.wait()?;
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`wait`](Wait::wait), and [`Error::TimedOut`].
+    ///
+    /// # Panics
+    ///
+    /// May panic if the wait is already over (it returned, from this call or
+    /// as a future), as a future polled after it completed may.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
+        let in_flight = match &self.inner {
+            WaitFor::Drain { shared, .. } => Some(shared.clone()),
+            _ => None,
+        };
+        block_outside_ops_for(self.is_ready(), self, timeout, move || {
+            in_flight.map(|shared| shared.pending.in_flight())
+        })
     }
 }
 

@@ -434,7 +434,9 @@ impl<'a> WhenRoom<'a> {
     ///
     /// # Errors
     ///
-    /// [`Error::BlockingInOp`] inside an op (`.await` it there instead).
+    /// While there is no room: [`Error::BlockingInOp`] inside an op, and
+    /// [`Error::BlockingInRuntime`] inside a tokio runtime (with the `tokio`
+    /// feature); `.await` it there instead.
     pub fn wait(self) -> Result<OpBuilder<'a>, Error> {
         block_outside_ops(false, self)
     }

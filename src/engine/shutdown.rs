@@ -1,6 +1,12 @@
-//! The engine's lifetime: the last [`Engine`](super::Engine) handle dropped
-//! shuts it down. New pushes are refused, every op already pushed runs to
-//! the end, then the executors stop and their threads are joined.
+//! The engine's lifetime: the last [`Engine`] handle dropped shuts it down.
+//! New pushes are refused, every op already pushed runs to the end, then the
+//! executors stop and their threads are joined.
+//!
+//! The drop waits for that on its own thread, except where waiting could
+//! hang: inside an op (it would wait for that very op), inside a tokio
+//! runtime (the ops may need that very thread to drive the runtime), and
+//! after [`Engine::shutdown_timeout`] gave up. There a helper thread waits
+//! and stops the executors, and the drop returns at once.
 //!
 //! Ops refer to the engine's shared state by pointer (their host), which is
 //! sound because that state outlives every pending op: it is freed only once
@@ -8,18 +14,28 @@
 //! it until then.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use super::Engine;
 use super::shared::Shared;
 use crate::dep::{in_op, reclaim};
+use crate::error::Error;
+use crate::exec::in_tokio_runtime;
 
 /// Shuts the engine down when dropped (by the last engine handle).
 pub(super) struct ShutdownOnDrop {
     shared: Arc<Shared>,
+    /// A shutdown with a deadline gave up: the drop must not wait either.
+    in_background: AtomicBool,
 }
 
 impl ShutdownOnDrop {
     pub(super) fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+        Self {
+            shared,
+            in_background: AtomicBool::new(false),
+        }
     }
 
     #[inline]
@@ -37,11 +53,16 @@ impl Drop for ShutdownOnDrop {
             shared.stop_executors();
             reclaim::drain();
         };
-        if !in_op() {
+        // Dropped inside an op (waiting here would wait for this very op),
+        // inside an async runtime with ops in flight (they may need this
+        // thread to drive it), or after a shutdown gave up waiting: let a
+        // helper thread wait for the drain and stop the executors.
+        let in_background = self.in_background.load(Ordering::SeqCst)
+            || in_op()
+            || (in_tokio_runtime() && self.shared.pending.in_flight() != 0);
+        if !in_background {
             return stop();
         }
-        // Dropped inside an op: waiting here would wait for this very op.
-        // Let a helper thread wait for the drain and stop the executors.
         let keep = self.shared.clone();
         let spawned = std::thread::Builder::new()
             .name("depflow-shutdown".into())
@@ -54,5 +75,50 @@ impl Drop for ShutdownOnDrop {
             self.shared.close();
             std::mem::forget(keep);
         }
+    }
+}
+
+impl Engine {
+    /// Shuts the engine down as [`shutdown`](Engine::shutdown) does, and
+    /// waits up to `timeout` for the ops pushed before to finish, instead of
+    /// hanging on an op that never does.
+    ///
+    /// If they do not finish in time it returns [`Error::TimedOut`] with the
+    /// number of ops still in flight, and from then on the engine's last
+    /// handle no longer waits for them when dropped: a helper thread waits
+    /// and stops the executors (threads cannot be killed: a stuck op keeps
+    /// its thread). Meanwhile [`diagnostics`](Engine::diagnostics) can tell
+    /// what is stuck.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use depflow::{BoxError, Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let v = engine.new_var();
+    /// let (release, gate) = std::sync::mpsc::channel::<()>();
+    /// engine.push(&[], &[&v], move |_| -> Result<(), BoxError> { Ok(gate.recv()?) })?;
+    /// match engine.shutdown_timeout(Duration::from_millis(10)) {
+    ///     Err(Error::TimedOut { in_flight, .. }) => assert_eq!(in_flight, Some(1)),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// drop(engine); // returns at once; the op is still running
+    /// release.send(()).unwrap();
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TimedOut`]; or, as for [`Wait::wait`](crate::Wait::wait),
+    /// [`Error::WaitsForItself`] inside an op and
+    /// [`Error::BlockingInRuntime`] inside a tokio runtime while ops are in
+    /// flight (the engine is shut down all the same; `.await`
+    /// [`shutdown`](Engine::shutdown) there instead).
+    pub fn shutdown_timeout(&self, timeout: Duration) -> Result<(), Error> {
+        let result = self.shutdown().wait_timeout(timeout);
+        if matches!(result, Err(Error::TimedOut { .. })) {
+            self.handle.in_background.store(true, Ordering::SeqCst);
+        }
+        result
     }
 }

@@ -6,9 +6,11 @@
 //! - [`Inline`]: runs each job on the thread that made it ready (MXNet's
 //!   `NaiveEngine`, for debugging);
 //! - [`Custom`]: hands each job to a function of the user's (a tokio or smol
-//!   runtime, a channel).
+//!   runtime, a channel);
+//! - `Tokio` (the `tokio` feature): spawns each job as a task on a tokio
+//!   runtime.
 //!
-//! May import: `crate::loom` only. Knows no op, variable, stream or engine;
+//! May import: `crate::loom`, and `crate::error` for a panic's message. Knows no op, variable, stream or engine;
 //! the engine implements [`Work`] for its ops and picks the executor of each
 //! device. Executors run on real threads and are checked by the stress and
 //! differential tests, not by loom.
@@ -16,12 +18,24 @@
 mod custom;
 mod inline;
 mod pool;
+#[cfg(feature = "tokio")]
+mod tokio_rt;
 
 use std::fmt;
 
 pub(crate) use custom::Custom;
 pub(crate) use inline::Inline;
-pub(crate) use pool::Pool;
+pub(crate) use pool::{Pool, StartHook};
+#[cfg(feature = "tokio")]
+pub(crate) use tokio_rt::{Tokio, in_runtime as in_tokio_runtime};
+
+/// Whether the calling thread is inside a tokio runtime (never, without the
+/// `tokio` feature).
+#[cfg(not(feature = "tokio"))]
+#[inline]
+pub(crate) fn in_tokio_runtime() -> bool {
+    false
+}
 
 /// What an executor runs.
 pub(crate) trait Work: Send + Sized + 'static {

@@ -16,6 +16,10 @@
 //!   Making work available wakes a parked worker only when no worker is
 //!   already searching; a searcher that finds work wakes the next one if work
 //!   is left. So a steady producer does not pay a futex wake per op.
+//! - A start hook, if given, runs first thing on each worker thread (to enter
+//!   an async runtime there, say); the pool is built once every worker has
+//!   run it, so a hook that panics fails the build instead of leaving the
+//!   pool a worker short.
 
 // `unsafe`: a worker's thread-local pointer to its own state; each block says why it is sound.
 #![allow(unsafe_code)]
@@ -31,6 +35,9 @@ use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use super::{Queue, Work};
 use crate::loom::sync::Mutex;
 use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
+
+/// A function run first thing on each worker thread.
+pub(crate) type StartHook = Arc<dyn Fn() + Send + Sync>;
 
 /// How many times in a row a worker may take its LIFO slot.
 const LIFO_STREAK: u32 = 64;
@@ -113,7 +120,14 @@ crate::loom::thread::thread_local! {
 }
 
 impl<W: Work> Pool<W> {
-    pub(crate) fn new(name: &str, threads: usize) -> std::io::Result<Self> {
+    /// Starts `threads` workers, named after `name`, each running `on_start`
+    /// first if given (then this returns once every worker has run it).
+    /// Errs with a message if a thread cannot be spawned or a hook panics.
+    pub(crate) fn new(
+        name: &str,
+        threads: usize,
+        on_start: Option<&StartHook>,
+    ) -> Result<Self, String> {
         let deques: Vec<Worker<W>> = (0..threads).map(|_| Worker::new_fifo()).collect();
         let shared = Arc::new(PoolShared {
             injector: Injector::new(),
@@ -133,12 +147,27 @@ impl<W: Work> Pool<W> {
             shared: shared.clone(),
             threads: Mutex::new(Vec::with_capacity(threads)),
         };
+        let (started, starts) = std::sync::mpsc::channel::<Result<(), String>>();
         for (index, deque) in deques.into_iter().enumerate() {
             let shared = shared.clone();
+            let start = on_start.map(|hook| (hook.clone(), started.clone()));
             let handle = thread::Builder::new()
                 .name(format!("depflow-{name}-{index}"))
-                .spawn(move || shared.work(index, deque))?; // on error `pool` drops: stops the others
+                .spawn(move || shared.work(index, deque, start))
+                // On error `pool` drops: stops the others.
+                .map_err(|e| format!("cannot spawn its threads: {e}"))?;
             pool.threads.lock().push(handle);
+        }
+        drop(started);
+        if on_start.is_some() {
+            for _ in 0..threads {
+                // A worker that dies before reporting closes the channel.
+                match starts.recv() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err("a thread start hook did not return".into()),
+                }
+            }
         }
         Ok(pool)
     }
@@ -226,9 +255,28 @@ impl<W> PoolShared<W> {
 }
 
 impl<W: Work> PoolShared<W> {
-    /// A worker thread's main loop.
-    fn work(&self, index: usize, deque: Worker<W>) {
+    /// A worker thread's main loop, after its start hook (which reports to
+    /// the pool's builder).
+    fn work(
+        &self,
+        index: usize,
+        deque: Worker<W>,
+        start: Option<(StartHook, std::sync::mpsc::Sender<Result<(), String>>)>,
+    ) {
         let _ = self.sleepers[index].thread.set(thread::current());
+        if let Some((hook, report)) = start {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook()));
+            let failed = ran.is_err();
+            let _ = report.send(ran.map_err(|payload| {
+                format!(
+                    "its thread start hook panicked: {}",
+                    crate::error::panic_message(&*payload)
+                )
+            }));
+            if failed {
+                return; // the build fails and stops the pool
+            }
+        }
         let local = Local {
             index,
             deque,

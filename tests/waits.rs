@@ -1,0 +1,218 @@
+//! Waits with a deadline: `OpHandle::wait_timeout`, `Wait::wait_timeout` and
+//! `Engine::shutdown_timeout` report a stuck program instead of hanging it,
+//! and leave the wait good for another try.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use depflow::{BoxError, Engine, Error};
+
+/// Runs `f` on its own thread and returns what it returns, or fails the test
+/// if it has not returned within 10 s (instead of hanging the suite).
+fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("hung: did not return within 10 s")
+}
+
+const SHORT: Duration = Duration::from_millis(20);
+const LONG: Duration = Duration::from_secs(60);
+
+#[test]
+fn an_op_handle_times_out_and_stays_good() {
+    within(|| {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let v = engine.new_var();
+        let (release, gate) = mpsc::channel::<()>();
+        let mut op = engine
+            .push(&[], &[&v], move |_| -> Result<u32, BoxError> {
+                gate.recv()?;
+                Ok(7)
+            })
+            .unwrap();
+        match op.wait_timeout(SHORT) {
+            Err(Error::TimedOut { waited, in_flight }) => {
+                assert_eq!(waited, SHORT);
+                assert_eq!(in_flight, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!op.is_finished());
+        release.send(()).unwrap();
+        assert_eq!(op.wait_timeout(LONG).unwrap(), 7);
+        assert!(op.is_finished());
+    });
+}
+
+#[test]
+fn an_op_handle_that_timed_out_can_still_be_awaited() {
+    within(|| {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let v = engine.new_var();
+        let (release, gate) = mpsc::channel::<()>();
+        let mut op = engine
+            .push(&[], &[&v], move |_| -> Result<u32, BoxError> {
+                gate.recv()?;
+                Err("failed late".into())
+            })
+            .unwrap();
+        assert!(matches!(
+            op.wait_timeout(SHORT),
+            Err(Error::TimedOut { .. })
+        ));
+        release.send(()).unwrap();
+        let err = futures::executor::block_on(op).unwrap_err();
+        assert!(matches!(err, Error::Failed(_)), "{err}");
+    });
+}
+
+#[test]
+fn wait_all_times_out_with_the_ops_in_flight() {
+    within(|| {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let v = engine.new_var();
+        let (release, gate) = mpsc::channel::<()>();
+        engine
+            .push(&[], &[&v], move |_| -> Result<(), BoxError> {
+                gate.recv()?;
+                Ok(())
+            })
+            .unwrap();
+        for _ in 0..2 {
+            engine.push(&[&v], &[], |_| Ok::<_, BoxError>(())).unwrap();
+        }
+        let mut all = engine.wait_all();
+        let err = all.wait_timeout(SHORT).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::TimedOut {
+                    in_flight: Some(3),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("3 op(s) still in flight"), "{err}");
+        release.send(()).unwrap();
+        all.wait_timeout(LONG).unwrap();
+    });
+}
+
+#[test]
+fn a_wait_for_a_variable_times_out() {
+    within(|| {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let v = engine.var(0u32);
+        let (release, gate) = mpsc::channel::<()>();
+        let k = v.key();
+        engine
+            .push(&[], &[&v], move |ctx| -> Result<(), BoxError> {
+                gate.recv()?;
+                *ctx.write(k)? += 1;
+                Ok(())
+            })
+            .unwrap();
+        let mut wait = engine.wait_for_var(&v);
+        assert!(matches!(
+            wait.wait_timeout(SHORT),
+            Err(Error::TimedOut {
+                in_flight: None,
+                ..
+            })
+        ));
+        release.send(()).unwrap();
+        wait.wait_timeout(LONG).unwrap();
+        assert_eq!(v.version(), 1);
+    });
+}
+
+#[test]
+fn a_shutdown_with_a_deadline_reports_instead_of_hanging() {
+    within(|| {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let v = engine.new_var();
+        let (release, gate) = mpsc::channel::<()>();
+        let (ran, finished) = mpsc::channel::<()>();
+        engine
+            .push(&[], &[&v], move |_| -> Result<(), BoxError> {
+                gate.recv()?;
+                ran.send(())?;
+                Ok(())
+            })
+            .unwrap();
+        let queued = engine.push(&[&v], &[], |_| Ok::<_, BoxError>(1)).unwrap();
+        let err = engine.shutdown_timeout(SHORT).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::TimedOut {
+                    in_flight: Some(2),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // Shut down all the same: no new pushes.
+        assert!(matches!(
+            engine.push(&[], &[&v], |_| Ok::<_, BoxError>(())),
+            Err(Error::ShutDown)
+        ));
+        // The last handle's drop no longer waits for the stuck op.
+        drop(engine);
+        // The ops pushed before still run to the end.
+        release.send(()).unwrap();
+        finished.recv_timeout(LONG).unwrap();
+        assert_eq!(queued.wait().unwrap(), 1);
+    });
+}
+
+#[test]
+fn a_shutdown_in_time_is_ok() {
+    within(|| {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let v = engine.var(0u32);
+        let k = v.key();
+        for _ in 0..10 {
+            engine
+                .push(&[], &[&v], move |ctx| -> Result<(), BoxError> {
+                    *ctx.write(k)? += 1;
+                    Ok(())
+                })
+                .unwrap();
+        }
+        engine.shutdown_timeout(LONG).unwrap();
+        assert_eq!(v.version(), 10);
+        drop(engine);
+    });
+}
+
+#[test]
+fn a_timed_wait_inside_an_op_is_refused() {
+    within(|| {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (release, gate) = mpsc::channel::<()>();
+        let mut slow = Some(
+            engine
+                .push(&[], &[&a], move |_| -> Result<(), BoxError> {
+                    gate.recv()?;
+                    Ok(())
+                })
+                .unwrap(),
+        );
+        let inside = engine
+            .push(&[], &[&b], move |_| -> Result<bool, BoxError> {
+                let slow = slow.as_mut().unwrap();
+                let refused = matches!(slow.wait_timeout(LONG), Err(Error::BlockingInOp));
+                release.send(())?;
+                Ok(refused)
+            })
+            .unwrap();
+        assert!(inside.wait().unwrap());
+        engine.wait_all().wait().unwrap();
+    });
+}
