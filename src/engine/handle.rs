@@ -212,7 +212,15 @@ impl<T> OpHandle<T> {
     /// [custom executor](crate::Executor::custom), or inside tokio without
     /// the `tokio` feature. [`wait_timeout`](OpHandle::wait_timeout) bounds
     /// the wait there.
+    ///
+    /// # Panics
+    ///
+    /// If the handle already returned its result (awaited to the end).
     pub fn wait(self) -> Result<T, Error> {
+        assert!(
+            !self.is_terminated(),
+            "OpHandle::wait called after the handle returned its result"
+        );
         block_outside_ops(self.is_finished(), self)
     }
 
@@ -250,7 +258,7 @@ impl<T> OpHandle<T> {
     /// as a future), as a future polled after it completed does.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<T, Error> {
         assert!(
-            self.task.is_some(),
+            !self.is_terminated(),
             "OpHandle::wait_timeout called after the handle returned its result"
         );
         block_outside_ops_for(self.is_finished(), self, timeout, || None)
@@ -394,7 +402,15 @@ impl Wait {
     /// [`Error::BlockingInOp`] inside an op and [`Error::BlockingInRuntime`]
     /// inside a tokio runtime (with the `tokio` feature), as for
     /// [`OpHandle::wait`], which says what is not detected.
+    ///
+    /// # Panics
+    ///
+    /// If the wait is already over (awaited to the end).
     pub fn wait(self) -> Result<(), Error> {
+        assert!(
+            !self.is_terminated(),
+            "Wait::wait called after the wait returned"
+        );
         block_outside_ops(self.is_ready(), self)
     }
 
@@ -429,9 +445,13 @@ impl Wait {
     ///
     /// # Panics
     ///
-    /// May panic if the wait is already over (it returned, from this call or
-    /// as a future), as a future polled after it completed may.
+    /// If the wait is already over (it returned, from this call or as a
+    /// future).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
+        assert!(
+            !self.is_terminated(),
+            "Wait::wait_timeout called after the wait returned"
+        );
         let in_flight = match &self.inner {
             WaitFor::Drain { shared, .. } => Some(shared.clone()),
             _ => None,
