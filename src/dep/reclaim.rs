@@ -255,35 +255,8 @@ pub(crate) fn has_adopted() -> bool {
 /// finish while it waits: the frees then overlap with the workers' run
 /// instead of piling up after it.
 pub(crate) fn block_on<F: std::future::Future>(fut: F) -> F::Output {
-    use std::task::{Context, Poll, Wake, Waker};
-
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-        fn wake_by_ref(self: &std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-
-    let mut fut = std::pin::pin!(fut);
-    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        if collect_at_most(256) > 0 {
-            continue;
-        }
-        if has_adopted() {
-            // Ops of ours are still running: look again soon.
-            std::thread::park_timeout(std::time::Duration::from_micros(100));
-        } else {
-            std::thread::park();
-        }
-    }
+    let fut = std::pin::pin!(fut);
+    block_on_until(fut, None).expect("no deadline")
 }
 
 /// Frees every finished op the calling thread pushed, keeping the others
@@ -312,13 +285,19 @@ pub(crate) fn drain() {
     }
 }
 
-/// As [`block_on`], giving up at `deadline`: `None` if `fut` was not ready by
-/// then (it is left as it was, to be polled again).
+/// As [`block_on`], giving up at `deadline` if there is one: `None` if `fut`
+/// was not ready by then (it is left as it was, to be polled again).
+///
+/// While ops this thread pushed are unfinished it wakes now and then to free
+/// those that finished (its wakes do not say when they do): first after
+/// 100 µs, backing off to 10 ms while there is nothing to free, so that a
+/// long wait costs a few wakes a second, not thousands.
 pub(crate) fn block_on_until<F: std::future::Future + Unpin>(
     mut fut: F,
-    deadline: std::time::Instant,
+    deadline: Option<std::time::Instant>,
 ) -> Option<F::Output> {
     use std::task::{Context, Poll, Wake, Waker};
+    use std::time::{Duration, Instant};
 
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {
@@ -330,24 +309,35 @@ pub(crate) fn block_on_until<F: std::future::Future + Unpin>(
         }
     }
 
+    const FIRST_LOOK: Duration = Duration::from_micros(100);
+    const LAST_LOOK: Duration = Duration::from_millis(10);
     let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
+    let mut look = FIRST_LOOK;
     loop {
         if let Poll::Ready(out) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
             return Some(out);
         }
         if collect_at_most(256) > 0 {
+            look = FIRST_LOOK;
             continue;
         }
-        let left = deadline.checked_duration_since(std::time::Instant::now())?;
-        if left.is_zero() {
-            return None;
-        }
+        let left = match deadline {
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return None,
+            },
+            None => None,
+        };
         if has_adopted() {
-            // Ops of ours are still running: look again soon.
-            std::thread::park_timeout(left.min(std::time::Duration::from_micros(100)));
+            // Ops of ours are still running: look again, less and less often.
+            std::thread::park_timeout(left.map_or(look, |left| left.min(look)));
+            look = (look * 2).min(LAST_LOOK);
         } else {
-            std::thread::park_timeout(left);
+            match left {
+                Some(left) => std::thread::park_timeout(left),
+                None => std::thread::park(),
+            }
         }
     }
 }

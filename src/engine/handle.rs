@@ -83,7 +83,7 @@ where
     let Some(deadline) = Instant::now().checked_add(timeout) else {
         return reclaim::block_on(fut); // no deadline this side of the heat death
     };
-    reclaim::block_on_until(fut, deadline).unwrap_or_else(|| {
+    reclaim::block_on_until(fut, Some(deadline)).unwrap_or_else(|| {
         Err(Error::TimedOut {
             waited: timeout,
             in_flight: in_flight(),
