@@ -287,3 +287,33 @@ fn a_blocking_wait_on_a_long_op_parks_instead_of_polling() {
     // Polling every 100 µs made about 2700 here (5400 for a 1 s op).
     assert!(switches < 500, "{switches} wakes for one 500 ms wait");
 }
+
+#[test]
+fn a_training_loop_behind_a_long_op_keeps_getting_its_units() {
+    // Each step allocates 1 of 2 units for a buffer and drops it; a loader
+    // op pushed first by the same thread runs all along. Before, the dropped
+    // buffers stayed alive behind the loader in this thread's list: 2 of 5
+    // steps ran, then the third waited for units forever.
+    within(20, || {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let mem = engine.new_resource("mem", 2);
+        let loader = engine.new_var();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        engine.push(&[], &[&loader], move |_| Ok(rx.recv()?)).unwrap();
+        for _ in 0..5 {
+            let buffer = engine.var(vec![0u8; 1024]);
+            engine
+                .op()
+                .mutates(&[&buffer])
+                .allocates(&mem, 1, &buffer)
+                .run(|_| Ok(()))
+                .unwrap()
+                .wait()
+                .unwrap();
+            drop(buffer);
+        }
+        tx.send(()).unwrap();
+        engine.wait_all().wait().unwrap();
+        assert_eq!(mem.in_use(), 0);
+    });
+}
