@@ -45,7 +45,7 @@ pub(crate) use self::block::{Mode, OpBlock, OpSpec, Runner};
 pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
-pub(crate) use self::future::{in_op, with_current_op};
+pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, new_host_id};
 pub(crate) use self::own::{deletion, unpoisoning, var_wait};
 pub(crate) use self::spawn::{OpTask, spawn};

@@ -12,8 +12,8 @@ use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::VarKey;
 use crate::dep::{
-    AnyVar, AsyncBody, Body, Device, OpCtx, OpSpec, SyncBody, Var, deletion, edges, in_op, spawn,
-    unpoisoning, var_wait, with_current_op,
+    AnyVar, AsyncBody, Body, Device, OpCtx, OpSpec, SyncBody, Var, deletion, edges, in_op_of,
+    spawn, unpoisoning, var_wait, with_current_op,
 };
 use crate::error::{BoxError, Error};
 use crate::resource::Resource;
@@ -516,8 +516,11 @@ impl Engine {
     ///
     /// Resolves to [`Error::Failures`] if ops failed since the previous
     /// `wait_all` (each failure is reported once). Ops pushed by other threads
-    /// while it waits do not delay it. Inside an op it resolves at once to
-    /// [`Error::WaitsForItself`].
+    /// while it waits do not delay it. Inside an op of this engine it
+    /// resolves at once to [`Error::WaitsForItself`]; an op may await
+    /// another engine's `wait_all` (a blocking [`wait`](Wait::wait) on it
+    /// is refused with [`Error::BlockingInOp`] while it is not over, as
+    /// any blocking wait inside an op is).
     ///
     /// ```
     /// use depflow::{Engine, Error};
@@ -535,7 +538,7 @@ impl Engine {
     /// # Ok::<(), Error>(())
     /// ```
     pub fn wait_all(&self) -> Wait {
-        if in_op() {
+        if in_op_of(&**self.shared()) {
             return Wait::ready(Err(Error::WaitsForItself));
         }
         Wait::drain(self.shared().pending.wait(), self.shared().clone(), true)
@@ -546,9 +549,10 @@ impl Engine {
     /// executors' threads stop when the last handle is dropped (dropping it
     /// also shuts down, blocking until the ops have finished, except where
     /// [`Engine`] says). [`shutdown_timeout`](Engine::shutdown_timeout)
-    /// waits with a deadline. Inside an op
+    /// waits with a deadline. Inside an op of this engine
     /// the engine is shut down all the same, but the wait resolves at once to
-    /// [`Error::WaitsForItself`].
+    /// [`Error::WaitsForItself`] (inside another engine's op, it waits as
+    /// anywhere else).
     ///
     /// ```
     /// use depflow::{Engine, Error};
@@ -561,7 +565,7 @@ impl Engine {
     /// # Ok::<(), Error>(())
     /// ```
     pub fn shutdown(&self) -> Wait {
-        if in_op() {
+        if in_op_of(&**self.shared()) {
             self.shared().close();
             return Wait::ready(Err(Error::WaitsForItself));
         }
