@@ -243,8 +243,9 @@ pub enum Error {
         /// the whole engine (`wait_all`, shutdown).
         in_flight: Option<usize>,
     },
-    /// A wait inside an op would wait for that op itself (`wait_all`, or
-    /// `wait_for_var` on a variable the op declared).
+    /// A wait inside an op would wait for that op itself (`wait_all` of
+    /// its own engine, `wait_for_var` on a variable the op declared, or
+    /// `when_room` with no room besides the op).
     WaitsForItself,
     /// The op body accessed a variable it did not declare.
     NotDeclared(VarId),

@@ -53,6 +53,13 @@ impl Room {
         self.word.load(Acquire) / ONE
     }
 
+    /// Whether there is room with `own` of the ops in flight left out (the
+    /// caller's own, which cannot make room while it waits); always true
+    /// when unbounded.
+    pub fn has_room_besides(&self, own: usize) -> bool {
+        !self.is_bounded() || self.in_flight().saturating_sub(own) < self.limit
+    }
+
     /// Counts an op in. Pushes never wait here: `poll_room` is the wait.
     #[inline]
     pub fn enter(&self) {

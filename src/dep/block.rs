@@ -83,13 +83,21 @@ pub(crate) type Edges = Few<OpEdge>;
 /// A runnable op, as the host's executors see it.
 pub(crate) type Runner = Runnable<OpBlock>;
 
-/// What decides whether an op runs when an input is poisoned.
+/// What kind of op it is: whether it runs when an input is poisoned, and
+/// whether it is the host's wait for a variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Mode {
     /// Skip on a poisoned or deleted input.
-    Normal,
+    Normal = NORMAL,
     /// Run even on poisoned inputs (deleting and un-poisoning a variable).
-    Maintenance,
+    Maintenance = MAINTENANCE,
+    /// The host's wait for a variable: skipped as `Normal` is, but with an
+    /// empty body, so it finishes on the thread that makes it ready instead
+    /// of waiting for a worker (`lifecycle::ready`); a deleted input is its
+    /// caller's answer, not a failure to report (`lifecycle::skip`); and the
+    /// host does not count it toward its bound on ops in flight.
+    Wait = WAIT,
 }
 
 /// Everything an op is made of, as the engine's builders fill it in.
@@ -150,13 +158,21 @@ const RETIRED: u8 = 0b1000;
 
 /// `OpBlock::flags`: the op's generation.
 const GENERATION: u8 = 1;
-/// `OpBlock::flags`: `Mode::Maintenance`.
-const MAINTENANCE: u8 = 2;
 /// `OpBlock::flags`: the name was leaked from an owned string.
-const NAME_OWNED: u8 = 4;
-/// `OpBlock::flags`: the bits above this hold the op's lane plus one on a
-/// stream device, 0 elsewhere (lanes are fewer than 31).
-const LANE_SHIFT: u8 = 3;
+const NAME_OWNED: u8 = 2;
+/// `OpBlock::flags`: the bits above this hold the op's kind: `NORMAL`,
+/// `MAINTENANCE`, `WAIT`, or `FIRST_LANE` plus its lane on a stream device
+/// (lanes are fewer than 31, so the kind is below 64). Only `Mode::Normal`
+/// ops run on stream devices.
+const KIND_SHIFT: u8 = 2;
+/// The kind of a `Mode::Normal` op on a host device.
+const NORMAL: u8 = 0;
+/// The kind of a `Mode::Maintenance` op.
+const MAINTENANCE: u8 = 1;
+/// The kind of a `Mode::Wait` op.
+const WAIT: u8 = 2;
+/// The kind of an op on lane 0 of a stream device.
+const FIRST_LANE: u8 = 3;
 
 /// An op's metadata, stored in its task's header.
 pub(crate) struct OpBlock {
@@ -171,7 +187,7 @@ pub(crate) struct OpBlock {
     /// many of the future and the context still hold the grants: the last
     /// one releases them. Plus the `CANCELLED` and `RETIRED` bits.
     pub(super) status: AtomicU8,
-    /// `GENERATION`, `MAINTENANCE` and `NAME_OWNED` bits and the lane,
+    /// `GENERATION` and `NAME_OWNED` bits and the kind (mode or lane),
     /// packed so that the block stays within its size budget (see the test
     /// below).
     flags: u8,
@@ -200,17 +216,18 @@ impl OpBlock {
     #[inline]
     pub(super) fn new(spec: OpSpec, host: *const ()) -> Self {
         let n = spec.edges.len() as u32;
-        let lane = spec.lane.map_or(0, |l| {
+        // A mode's kind is its discriminant; only `Normal` ops have lanes.
+        let kind = spec.lane.map_or(spec.mode as u8, |l| {
             debug_assert!(usize::from(l) < crate::device::MAX_LANES);
-            l + 1
+            debug_assert!(spec.mode == Mode::Normal, "{:?} op on a stream", spec.mode);
+            FIRST_LANE + l
         });
         Self {
             countdown: Countdown::new(n),
             anchor: Anchor::new(n + 1),
             flags: u8::from(spec.generation != 0) * GENERATION
-                + u8::from(spec.mode == Mode::Maintenance) * MAINTENANCE
                 + u8::from(matches!(spec.name, Some(Cow::Owned(_)))) * NAME_OWNED
-                + (lane << LANE_SHIFT),
+                + (kind << KIND_SHIFT),
             next_adopted: UnsafeCell::new(std::ptr::null()),
             status: AtomicU8::new(0),
             device: spec.device_index,
@@ -233,13 +250,19 @@ impl OpBlock {
     /// The op's lane, if it runs on a stream device.
     #[inline]
     pub(crate) fn lane(&self) -> Option<u8> {
-        (self.flags >> LANE_SHIFT).checked_sub(1)
+        (self.flags >> KIND_SHIFT).checked_sub(FIRST_LANE)
     }
 
     /// Whether the op runs even on poisoned inputs.
     #[inline]
     pub(crate) fn is_maintenance(&self) -> bool {
-        self.flags & MAINTENANCE != 0
+        self.flags >> KIND_SHIFT == MAINTENANCE
+    }
+
+    /// Whether the op is the host's wait for a variable (`Mode::Wait`).
+    #[inline]
+    pub(crate) fn is_wait(&self) -> bool {
+        self.flags >> KIND_SHIFT == WAIT
     }
 
     /// The generation the host counted the op in.
@@ -453,5 +476,42 @@ mod tests {
             std::mem::size_of::<OpBlock>()
         );
         assert_eq!(std::mem::size_of::<OpEdge>(), 24);
+    }
+
+    /// The mode, the lane, the generation and the owned name share one
+    /// byte: each reads back as it was given.
+    #[test]
+    fn flags_keep_mode_lane_and_name_apart() {
+        let block = |mode, lane, generation, name: Option<Cow<'static, str>>| {
+            let mut spec = OpSpec::new(Few::default());
+            (spec.mode, spec.lane, spec.generation, spec.name) = (mode, lane, generation, name);
+            OpBlock::new(spec, std::ptr::null())
+        };
+        let last_lane = (crate::device::MAX_LANES - 1) as u8;
+        for lane in [None, Some(0), Some(1), Some(last_lane)] {
+            for generation in [0, 1] {
+                for owned in [false, true] {
+                    let name = if owned {
+                        Cow::Owned("x".into())
+                    } else {
+                        Cow::Borrowed("x")
+                    };
+                    let b = block(Mode::Normal, lane, generation, Some(name));
+                    assert_eq!(b.lane(), lane);
+                    assert_eq!(b.generation(), generation);
+                    assert_eq!(b.name_owned(), owned);
+                    assert!(!b.is_maintenance() && !b.is_wait());
+                }
+            }
+        }
+        for generation in [0, 1] {
+            let m = block(Mode::Maintenance, None, generation, None);
+            assert!(m.is_maintenance() && !m.is_wait() && m.lane().is_none());
+            assert_eq!(m.generation(), generation);
+            let w = block(Mode::Wait, None, generation, Some(Cow::Borrowed("w")));
+            assert!(w.is_wait() && !w.is_maintenance() && w.lane().is_none());
+            assert_eq!(w.generation(), generation);
+            assert_eq!(w.name(), Some("w"));
+        }
     }
 }

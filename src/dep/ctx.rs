@@ -12,18 +12,27 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::task::Waker;
 
 use super::block::{OpBlock, OpEdge};
 use super::var::{VarKey, VarState};
 use crate::core::few::Few;
 use crate::device::Stream;
-use crate::error::Error;
+use crate::error::{Error, VarId};
 use crate::resource::Held;
 
 /// Borrow counter value of a variable borrowed mutably.
 const MUT: i32 = -1;
+
+/// An op on up to this many variables finds one by scanning its edges; a
+/// bigger one through an index sorted by id, built by its first lookup (a
+/// scan per lookup made an op reading all of 100,000 variables quadratic).
+const SCAN_MAX: usize = 16;
+
+/// The edges of an op on more than `SCAN_MAX` variables, as (variable,
+/// edge index) sorted by variable.
+type Index = Vec<(VarId, usize)>;
 
 /// What a body's context gets from the op's future, besides the op.
 pub(crate) struct Env<'a> {
@@ -114,6 +123,11 @@ pub struct OpCtx {
     stream: *const Stream,
     /// The id of the op's engine.
     engine: u64,
+    /// For an op on more than `SCAN_MAX` variables: its index (a leaked
+    /// `Box`, freed on drop), once a lookup built it; null before. Kept
+    /// here, not in the op's block, so that ops do not grow; a pointer, so
+    /// that a context without one costs a store and a test.
+    index: AtomicPtr<Index>,
 }
 
 /// What a leased context holds of its op.
@@ -155,6 +169,7 @@ impl OpCtx {
             lease: None,
             stream: env.stream.map_or(std::ptr::null(), |s| s),
             engine: env.engine,
+            index: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
@@ -173,6 +188,7 @@ impl OpCtx {
             }),
             stream: std::ptr::null(),
             engine: env.engine,
+            index: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
@@ -184,15 +200,59 @@ impl OpCtx {
         unsafe { &*self.op }
     }
 
-    /// The op's edge on the variable `key` names.
+    /// The op's edge on the variable `key` names: found by a scan among
+    /// the first `SCAN_MAX` edges, then in the index if there are more (so
+    /// that an op on one or two variables pays one `min` for it).
     #[inline]
     fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
-        self.op()
-            .edges()
-            .iter()
-            .enumerate()
-            .find(|(_, e)| key.names(&e.var))
-            .ok_or(Error::NotDeclared(key.id()))
+        let edges = self.op().edges();
+        let scanned = &edges[..edges.len().min(SCAN_MAX)];
+        match scanned.iter().enumerate().find(|(_, e)| key.names(&e.var)) {
+            Some(found) => Ok(found),
+            None if edges.len() > SCAN_MAX => self.find_indexed(key.id()),
+            None => Err(Error::NotDeclared(key.id())),
+        }
+    }
+
+    /// [`find`](Self::find) for an op on many variables: a binary search
+    /// in the index, which the first lookup builds.
+    #[cold]
+    #[inline(never)]
+    fn find_indexed(&self, id: VarId) -> Result<(usize, &OpEdge), Error> {
+        let edges = self.op().edges();
+        let mut index = self.index.load(Ordering::Acquire);
+        if index.is_null() {
+            let mut built: Index = edges
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.var.id(), i))
+                .collect();
+            built.sort_unstable();
+            let built = Box::into_raw(Box::new(built));
+            index = match self.index.compare_exchange(
+                std::ptr::null_mut(),
+                built,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => built,
+                Err(first) => {
+                    // Another thread of the body built it first.
+                    // SAFETY: `built` came from `Box::into_raw` above and
+                    // was never shared.
+                    drop(unsafe { Box::from_raw(built) });
+                    first
+                }
+            };
+        }
+        // SAFETY: set once (the exchange above) from a live `Box`, freed
+        // only by `drop`, which has `&mut self`.
+        let index = unsafe { &*index };
+        let at = index
+            .binary_search_by_key(&id, |&(var, _)| var)
+            .map_err(|_| Error::NotDeclared(id))?;
+        let i = index[at].1;
+        Ok((i, &edges[i]))
     }
 
     /// Borrows the value of a variable the op declared (read or mutated).
@@ -202,7 +262,10 @@ impl OpCtx {
     ///
     /// [`Error::NotDeclared`] if the op did not declare the variable;
     /// [`Error::Borrowed`] if the body holds a mutable borrow of it.
-    #[inline]
+    // Always: with the index's cold path in `find`, the inliner would
+    // keep `read` out of line in small bodies (+35 instructions an op in
+    // `benches/push_cost.rs` read2).
+    #[inline(always)]
     pub fn read<T>(&self, var: impl Into<VarKey<T>>) -> Result<VarRef<'_, T>, Error>
     where
         T: Send + Sync + 'static,
@@ -334,6 +397,12 @@ impl OpCtx {
 
 impl Drop for OpCtx {
     fn drop(&mut self) {
+        let index = *self.index.get_mut();
+        if !index.is_null() {
+            // SAFETY: a non-null index came from `Box::into_raw` in
+            // `find_indexed`, and nothing borrows it once we have `&mut self`.
+            drop(unsafe { Box::from_raw(index) });
+        }
         if let Some(lease) = self.lease.take() {
             // SAFETY: `dropped` was made for this op's host by its future
             // (`Env`), and the op has not retired: its future or this lease

@@ -171,8 +171,19 @@ pub(crate) fn with_current_op<R>(f: impl FnOnce(Option<&OpBlock>) -> R) -> R {
     f(unsafe { op.as_ref() })
 }
 
-/// Whether the calling thread is running an op's body.
+/// Whether the calling thread is running an op's body (of any engine).
 #[inline]
 pub(crate) fn in_op() -> bool {
     CURRENT.with(|c| !c.get().is_null())
+}
+
+/// Whether the calling thread is running the body of an op of the host at
+/// `host`: waiting there for the whole host would wait for that op. (The
+/// marker is per thread; this tells one engine's ops from another's.)
+#[inline]
+pub(crate) fn in_op_of<H: super::Host>(host: &H) -> bool {
+    let host: *const () = std::ptr::from_ref(host).cast();
+    // The op running here is alive, and so is its host: an equal address is
+    // that very host, not a later one at the same place.
+    with_current_op(|op| op.is_some_and(|op| std::ptr::eq(op.host, host)))
 }

@@ -66,6 +66,13 @@ impl<H: Host> Grant<H> for OpBlock {
 pub(super) fn ready<H: Host>(op: &OpBlock, runner: Runner, host: &H) {
     host.on_ready(op);
     let Some(units) = op.units() else {
+        if op.is_wait() {
+            // The host's wait for a variable has an empty body: finish it
+            // here rather than wait for a free worker (it may go to one
+            // later only if it must await device work).
+            runner.run();
+            return;
+        }
         return host.dispatch(runner, false);
     };
     if op.blocked_by(host.has_streams()).is_some() {
@@ -213,7 +220,14 @@ pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
         }
         Skip::Deleted(var) => {
             let failure = op.failure(FailureKind::InputDeleted(var));
-            finish(op, Outcome::Failed(failure), host);
+            if op.is_wait() {
+                // The host's own wait lost a race with a delete: that is its
+                // caller's answer, not a failure for `wait_all` to report
+                // (and it has no outputs to poison).
+                finish(op, Outcome::Poisoned(failure), host);
+            } else {
+                finish(op, Outcome::Failed(failure), host);
+            }
             Error::Deleted(var)
         }
         Skip::Cancelled => {

@@ -1,5 +1,6 @@
 //! The host's own ops, which it pushes like any other on the default device:
-//! deleting a variable, clearing its poison, waiting for its mutations.
+//! deleting a variable, clearing its poison, waiting for its mutations (the
+//! wait never reaches the device's executor: see [`var_wait`]).
 
 use super::block::{Mode, OpSpec};
 use super::body::{Body, SyncBody};
@@ -9,14 +10,15 @@ use super::var::Var;
 use crate::error::{BoxError, Error};
 
 /// The op that deletes `var` (of engine `engine`) after every op pushed on
-/// it so far: `var` is marked deleted now (later pushes are refused) and,
-/// when the op runs, its value goes to `recycle`; the units it held go back
-/// once `recycle` returns (or unwinds).
+/// it so far: when it runs, the variable's value goes to `recycle`; the
+/// units it held go back once `recycle` returns (or unwinds). The pusher
+/// marks `var` deleted ([`mark_deleted`]) once the op is admitted, before
+/// it is linked: so a refused delete deletes nothing.
 ///
 /// # Errors
 ///
-/// As for any declaration of `var`, and [`Error::Deleted`] if a delete was
-/// already pushed.
+/// As for any declaration of `var` (so [`Error::Deleted`] if a delete was
+/// already pushed).
 pub(crate) fn deletion<T, F>(
     var: &Var<T>,
     engine: u64,
@@ -27,9 +29,6 @@ where
     F: FnOnce(T) + Send + 'static,
 {
     let edges = edges(&[], &[var], engine)?;
-    if !var.core().mark_deleted() {
-        return Err(Error::Deleted(var.id()));
-    }
     let key = var.key();
     let body = SyncBody(Some(move |ctx: &OpCtx| -> Result<(), BoxError> {
         let (value, _units) = ctx.delete(key)?;
@@ -39,6 +38,19 @@ where
         Ok(())
     }));
     Ok((OpSpec::own(edges, "delete_var", Mode::Maintenance), body))
+}
+
+/// Marks `var` deleted: later pushes on it are refused. Called by the
+/// pusher of its [`deletion`] once that is admitted, before it is linked.
+///
+/// # Errors
+///
+/// [`Error::Deleted`] if a delete was already pushed (then nothing changed).
+pub(crate) fn mark_deleted<T>(var: &Var<T>) -> Result<(), Error> {
+    match var.core().mark_deleted() {
+        true => Ok(()),
+        false => Err(Error::Deleted(var.id())),
+    }
 }
 
 /// The op that clears the poison of `var` (of engine `engine`), in push
@@ -61,7 +73,10 @@ where
 
 /// The op that waits for every mutation of `var` (of engine `engine`)
 /// pushed so far: a read that does nothing, and resolves to the variable's
-/// poison if it has one.
+/// poison if it has one (or to [`Error::Deleted`] if a delete got in
+/// first). A `Mode::Wait` op: it finishes on the thread that makes it
+/// ready, so a wait on an idle variable is over within its push; the host
+/// admits it outside its bound on ops in flight.
 pub(crate) fn var_wait<T>(
     var: &Var<T>,
     engine: u64,
@@ -71,5 +86,5 @@ where
 {
     let edges = edges(&[var], &[], engine)?;
     let body = SyncBody(Some(|_: &OpCtx| Ok::<(), BoxError>(())));
-    Ok((OpSpec::own(edges, "wait_for_var", Mode::Normal), body))
+    Ok((OpSpec::own(edges, "wait_for_var", Mode::Wait), body))
 }

@@ -18,7 +18,7 @@ use super::body::{AsyncBody, Body, SyncBody};
 use super::ctx::OpCtx;
 use super::decl::edges;
 use super::host::{Host, new_host_id};
-use super::own::deletion;
+use super::own::{deletion, mark_deleted};
 use super::reclaim;
 use super::spawn::{OpTask, spawn};
 use super::var::{AnyVar, Var};
@@ -237,6 +237,9 @@ impl Harness {
         f: impl FnOnce(T) + Send + 'static,
     ) -> Result<Handle<()>, Error> {
         let (spec, body) = deletion(var, self.host.id, f)?;
+        // No admission to refuse it here: marked at once, as the engine
+        // does once it admitted the delete.
+        mark_deleted(var)?;
         Ok(Handle(spawn(spec, body, &*self.host)))
     }
 

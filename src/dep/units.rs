@@ -86,7 +86,9 @@ impl OpUnits {
             }
         };
         let demand = &mut self.demands.as_mut_slice()[i];
-        demand.amount += amount;
+        // Saturating: a sum past `u64::MAX` is over any capacity, and is
+        // refused as such at push (`over_capacity`), never wrapped.
+        demand.amount = demand.amount.saturating_add(amount);
         if let Some(edge) = allocation {
             demand.lasting = true;
             self.lasting.push(Lasting {
@@ -109,14 +111,15 @@ impl OpUnits {
                 .iter_mut()
                 .find(|m| m.demand == l.demand && m.edge == l.edge)
             {
-                Some(m) => m.amount += l.amount,
+                Some(m) => m.amount = m.amount.saturating_add(l.amount),
                 None => merged.push(l),
             }
         });
         self.lasting = merged;
     }
 
-    /// The first demand above its resource's capacity.
+    /// The first demand above its resource's capacity (a sum that would
+    /// overflow counts as `u64::MAX`, above every capacity).
     pub(crate) fn over_capacity(&self) -> Option<(&Resource, u64)> {
         self.demands
             .iter()

@@ -85,14 +85,35 @@ impl EngineBuilder {
 
     /// Adds a named device with its own executor (its own threads, for a
     /// pool). Push an op to it with [`OpBuilder::on`](crate::OpBuilder::on).
+    ///
+    /// The name must be unique and must not contain a NUL byte (its threads
+    /// are named after it); [`build`](Self::build) refuses it otherwise.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, Executor};
+    ///
+    /// let bad = Engine::builder().device("gpu\0", Executor::pool(1)).build();
+    /// assert!(matches!(bad, Err(Error::Config(_))));
+    /// ```
     pub fn device(mut self, name: impl Into<String>, executor: Executor) -> Self {
         self.devices.push((name.into(), executor));
         self
     }
 
     /// Bounds the ops in flight (pushed, not finished) for producers that
-    /// wait for room with [`OpBuilder::when_room`](crate::OpBuilder::when_room) (default: no bound). Plain
-    /// pushes never wait, but count.
+    /// wait for room with [`OpBuilder::when_room`](crate::OpBuilder::when_room)
+    /// (default: no bound). Plain pushes never wait, but count; so do the
+    /// engine's own deletions and un-poisonings, but not its waits
+    /// ([`Engine::wait_for_var`]). `max_in_flight(0)` means no bound, as
+    /// if it were never called.
+    ///
+    /// Without a bound nothing holds a producer back: every op pushed and
+    /// not finished keeps its closure, what the closure captured and its
+    /// variables alive, so a producer that pushes faster than the workers
+    /// drain grows memory without bound (two unbounded pushers once reached
+    /// 24 GB). Where producers may run ahead of the engine, set a bound and
+    /// push through `when_room`. Inside an op of this engine `when_room`
+    /// does not wait (see there).
     ///
     /// ```
     /// use depflow::{Engine, Error};
@@ -129,7 +150,8 @@ impl EngineBuilder {
     /// # Errors
     ///
     /// [`Error::Config`] for a pool of zero threads, a repeated device name,
-    /// more than 65536 devices, threads that could not be spawned, a
+    /// a device name with a NUL byte, more than 65536 devices, threads that
+    /// could not be spawned, a
     /// [thread start hook](Executor::on_thread_start) that panicked or was
     /// given to an executor without threads of its own, or a bad
     /// [`DEPFLOW_*` variable](EngineBuilder#environment).
@@ -144,6 +166,14 @@ impl EngineBuilder {
         }
         let mut devices = Vec::with_capacity(specs.len());
         for (name, executor) in &specs {
+            // Every thread the engine starts for a device (pool workers, a
+            // stream device's launcher, streams and poller) is named after
+            // it, and a thread name cannot hold a NUL byte.
+            if name.contains('\0') {
+                return Err(Error::Config(format!(
+                    "device {name:?}: a device name must not contain a NUL byte"
+                )));
+            }
             if devices.iter().any(|d: &DeviceSlot| &d.name == name) {
                 return Err(Error::Config(format!("device `{name}` is defined twice")));
             }

@@ -10,7 +10,7 @@ use super::Engine;
 use super::handle::{OpHandle, block_outside_ops};
 use crate::core::few::Few;
 use crate::dep::{
-    AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges,
+    AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges, in_op_of,
 };
 use crate::device::Lane;
 use crate::error::{BoxError, Error};
@@ -182,7 +182,9 @@ impl<'a> OpBuilder<'a> {
     /// # Errors
     ///
     /// Reported by `run`: [`Error::OverCapacity`] if the op needs more than
-    /// the resource has, [`Error::ForeignResource`] for another engine's.
+    /// the resource has (all its declarations of it together; a sum past
+    /// `u64::MAX` counts as `u64::MAX`), [`Error::ForeignResource`] for
+    /// another engine's.
     ///
     /// ```
     /// use depflow::{Engine, Error};
@@ -243,6 +245,13 @@ impl<'a> OpBuilder<'a> {
     /// between its wait and its push). Ready at once without a bound.
     ///
     /// `.await` it in async code, or block with [`WhenRoom::wait`].
+    ///
+    /// Inside an op of this engine it never waits: the calling op counts
+    /// itself in flight, and the ops that would make room may be waiting
+    /// for it (a child pushed on its variables), so the wait might never
+    /// end. There it resolves at once: to the builder if there is room
+    /// besides the calling op, else to [`Error::WaitsForItself`] (push with
+    /// [`run`](Self::run), which never waits, if the op must push anyway).
     ///
     /// ```
     /// use depflow::{Engine, Error};
@@ -434,9 +443,10 @@ impl<'a> WhenRoom<'a> {
     ///
     /// # Errors
     ///
-    /// While there is no room: [`Error::BlockingInOp`] inside an op, and
-    /// [`Error::BlockingInRuntime`] inside a tokio runtime (with the `tokio`
-    /// feature); `.await` it there instead.
+    /// While there is no room: [`Error::WaitsForItself`] inside an op of
+    /// this engine (see [`OpBuilder::when_room`]), [`Error::BlockingInOp`]
+    /// inside another engine's op, and [`Error::BlockingInRuntime`] inside a
+    /// tokio runtime (with the `tokio` feature); `.await` it there instead.
     pub fn wait(self) -> Result<OpBuilder<'a>, Error> {
         block_outside_ops(false, self)
     }
@@ -453,7 +463,16 @@ impl<'a> Future for WhenRoom<'a> {
             .builder
             .as_ref()
             .expect("WhenRoom polled after it resolved");
-        std::task::ready!(builder.engine.shared().room.poll_room(cx));
+        let shared = builder.engine.shared();
+        if shared.room.is_bounded() && in_op_of(&**shared) {
+            // Never waits inside one of its own ops (see `when_room`).
+            if !shared.room.has_room_besides(1) {
+                self.builder = None;
+                return std::task::Poll::Ready(Err(Error::WaitsForItself));
+            }
+        } else {
+            std::task::ready!(shared.room.poll_room(cx));
+        }
         std::task::Poll::Ready(Ok(self.builder.take().expect("checked above")))
     }
 }

@@ -103,6 +103,24 @@ impl Shared {
         Ok(generation)
     }
 
+    /// Counts one of the engine's own waits in (`Mode::Wait`): as `admit`,
+    /// but outside the bound on ops in flight (`retire` leaves it out too):
+    /// a wait is no work a producer runs ahead with.
+    pub(super) fn admit_wait(&self) -> Result<u8, Error> {
+        let generation = self.pending.enter();
+        if self.closed.load(Ordering::SeqCst) {
+            self.pending.leave(generation);
+            return Err(Error::ShutDown);
+        }
+        Ok(generation)
+    }
+
+    /// Counts out an op that `admit` let in but that is not pushed after all.
+    pub(super) fn unadmit(&self, generation: u8) {
+        self.room.leave();
+        self.pending.leave(generation);
+    }
+
     /// Refuses new pushes from now on.
     pub(super) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
@@ -171,7 +189,10 @@ impl Host for Shared {
 
     #[inline]
     fn retire(&self, op: &OpBlock) {
-        self.room.leave();
+        // A wait was admitted outside the bound (`admit_wait`).
+        if self.room.is_bounded() && !op.is_wait() {
+            self.room.leave();
+        }
         self.pending.leave(op.generation());
     }
 
