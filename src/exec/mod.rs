@@ -6,7 +6,8 @@
 //! - [`Inline`]: runs each job on the thread that made it ready (MXNet's
 //!   `NaiveEngine`, for debugging);
 //! - [`Custom`]: hands each job to a function of the user's (a tokio or smol
-//!   runtime, a channel);
+//!   runtime, a channel), on the inline executor's trampoline so that a
+//!   function running its jobs at once does not nest them;
 //! - `Tokio` (the `tokio` feature): spawns each job as a task on a tokio
 //!   runtime.
 //!
@@ -24,7 +25,7 @@ mod tokio_rt;
 use std::fmt;
 
 pub(crate) use custom::Custom;
-pub(crate) use inline::Inline;
+pub(crate) use inline::{Inline, drop_here, run_here};
 pub(crate) use pool::{Pool, StartHook};
 #[cfg(feature = "tokio")]
 pub(crate) use tokio_rt::{Tokio, in_runtime as in_tokio_runtime};
