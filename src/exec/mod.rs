@@ -38,6 +38,14 @@ pub(crate) fn in_tokio_runtime() -> bool {
     false
 }
 
+/// Whether the calling thread runs jobs of an executor: a pool's worker, or
+/// a thread whose trampoline is running (an inline or a custom executor's
+/// job). Waiting there for other jobs to run could wait for this very
+/// thread.
+pub(crate) fn on_executor_thread() -> bool {
+    pool::on_worker_thread() || inline::on_trampoline_thread()
+}
+
 /// What an executor runs.
 pub(crate) trait Work: Send + Sized + 'static {
     /// Runs the job (one step of it). Returns `true` if it woke itself while
