@@ -96,6 +96,8 @@ fn child() {
         "last_clone_in_detached_output" => last_clone_in_detached_output(),
         "last_clone_in_host_function" => last_clone_in_host_function(),
         "inline_custom_executor_long_chain" => inline_custom_executor_long_chain(),
+        #[cfg(feature = "tokio")]
+        "tokio_device_gone_long_chain" => tokio_device_gone_long_chain(),
         other => panic!("no scenario {other}"),
     }
     println!("\n{PASSED}");
@@ -649,4 +651,43 @@ fn inline_custom_executor_long_chain() {
 #[test]
 fn a_custom_executor_running_jobs_inline_runs_a_long_chain() {
     in_child("inline_custom_executor_long_chain", 150);
+}
+
+/// 5, on the tokio device: its runtime is gone, so each job handed to it is
+/// dropped as it is spawned, which fails its op and hands its variable to
+/// the next: a chain of 100,000 released at once fails op after op, not
+/// nested.
+#[cfg(feature = "tokio")]
+fn tokio_device_gone_long_chain() {
+    const N: usize = 100_000;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let engine = Engine::builder()
+        .threads(1)
+        .device("io", Executor::tokio(rt.handle().clone()))
+        .build()
+        .unwrap();
+    drop(rt);
+    let io = engine.device("io").unwrap();
+    let v = engine.new_var();
+    let (open, shut) = gate();
+    engine
+        .push(&[], &[&v], move |_| {
+            shut();
+            Ok(())
+        })
+        .unwrap();
+    for _ in 0..N {
+        drop(engine.op().on(io).mutates(&[&v]).run(|_| Ok(())).unwrap());
+    }
+    open.send(()).unwrap();
+    match engine.wait_all().wait_timeout(Duration::from_secs(100)) {
+        Err(Error::Failures { count, .. }) => assert_eq!(count, N, "each dropped"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn a_tokio_device_whose_runtime_is_gone_fails_a_long_chain() {
+    in_child("tokio_device_gone_long_chain", 150);
 }
