@@ -91,6 +91,7 @@ fn child() {
         "detached_output" => detached_output(),
         "value_freed_at_retire" => value_freed_at_retire(),
         "job_dropped_by_executor" => job_dropped_by_executor(),
+        "job_dropped_at_thread_exit" => job_dropped_at_thread_exit(),
         "schedule_panics" => schedule_panics(),
         "last_clone_in_skipped_op" => last_clone_in_skipped_op(),
         "last_clone_in_detached_output" => last_clone_in_detached_output(),
@@ -420,6 +421,43 @@ fn job_dropped_by_executor() {
 #[test]
 fn a_dropped_jobs_closure_that_panics_when_dropped_does_not_abort() {
     in_child("job_dropped_by_executor", 60);
+}
+
+std::thread_local! {
+    /// Jobs a custom executor keeps on the thread that made them ready.
+    static KEPT: std::cell::RefCell<Vec<depflow::Job>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// C: a custom executor keeps its jobs in a thread-local, which the thread's
+/// exit drops after the engine's own thread-locals are gone: the job still
+/// fails its op (no panic in a thread-local destructor, which aborts).
+fn job_dropped_at_thread_exit() {
+    let engine = Engine::builder()
+        .executor(Executor::custom(|job| {
+            KEPT.with(|k| k.borrow_mut().push(job))
+        }))
+        .build()
+        .unwrap();
+    let pushed = std::thread::spawn({
+        let engine = engine.clone();
+        move || {
+            // The executor's thread-local first: destroyed last.
+            KEPT.with(|_| {});
+            let v = engine.new_var();
+            engine.push(&[], &[&v], |_| Ok(())).unwrap()
+        }
+    })
+    .join()
+    .unwrap();
+    match pushed.wait() {
+        Err(Error::Failed(f)) => assert!(f.to_string().contains("dropped"), "{f}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_job_dropped_at_its_threads_exit_fails_its_op() {
+    in_child("job_dropped_at_thread_exit", 60);
 }
 
 // ---------------------------------------------------------------- D

@@ -209,5 +209,6 @@ pub(crate) fn with_current_op<R>(f: impl FnOnce(Option<&OpBlock>) -> R) -> R {
 /// Whether the calling thread is running an op's body.
 #[inline]
 pub(crate) fn in_op() -> bool {
-    CURRENT.with(|c| !c.get().is_null())
+    // (A thread whose locals are gone runs no op.)
+    CURRENT.try_with(|c| !c.get().is_null()).unwrap_or(false)
 }

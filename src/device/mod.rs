@@ -40,7 +40,7 @@ crate::loom::thread::thread_local! {
 /// stream threads or its poller, or a host function it runs. Waiting there
 /// for the engine's ops could wait for this very thread.
 pub(crate) fn on_device_thread() -> bool {
-    DEVICE_THREAD.with(Cell::get)
+    DEVICE_THREAD.try_with(Cell::get).unwrap_or(false)
 }
 
 /// Marks the calling thread as doing a device's work until dropped.

@@ -55,7 +55,7 @@ struct Active<W: Work>(PhantomData<W>);
 
 impl<W: Work> Drop for Active<W> {
     fn drop(&mut self) {
-        let rest = TRAMPOLINE.with(|t| {
+        let rest = TRAMPOLINE.try_with(|t| {
             t.active.set(false);
             let mut queue = t.queue.borrow_mut();
             let keep = queue
@@ -64,17 +64,18 @@ impl<W: Work> Drop for Active<W> {
                 .is_some_and(|q| q.is_empty() && q.capacity() <= KEEP_CAPACITY);
             if keep { None } else { queue.take() }
         });
-        drop(rest);
+        drop(rest.ok().flatten());
     }
 }
 
 /// Queues `step` on this thread's trampoline if one is running; gives it back
-/// if none is.
+/// if none is (or the thread's locals are gone: it is exiting).
 #[inline]
 fn queue<W: Work>(step: Step<W>) -> Result<(), Step<W>> {
-    TRAMPOLINE.with(|t| {
+    let mut step = Some(step);
+    let queued = TRAMPOLINE.try_with(|t| {
         if !t.active.get() {
-            return Err(step);
+            return false;
         }
         let mut queue = t.queue.borrow_mut();
         if queue.as_ref().is_none_or(|q| !q.is::<VecDeque<Step<W>>>()) {
@@ -84,28 +85,39 @@ fn queue<W: Work>(step: Step<W>) -> Result<(), Step<W>> {
             .as_mut()
             .and_then(|q| q.downcast_mut::<VecDeque<Step<W>>>())
             .expect("just made");
-        q.push_back(step);
-        Ok(())
-    })
+        q.extend(step.take());
+        true
+    });
+    match (queued, step) {
+        (Ok(true), _) => Ok(()),
+        (_, Some(step)) => Err(step),
+        (_, None) => unreachable!("queued or given back"),
+    }
 }
 
 /// The next queued step, if any.
 #[inline]
 fn next<W: Work>() -> Option<Step<W>> {
-    TRAMPOLINE.with(|t| {
-        t.queue
-            .borrow_mut()
-            .as_mut()
-            .and_then(|q| q.downcast_mut::<VecDeque<Step<W>>>())
-            .and_then(VecDeque::pop_front)
-    })
+    TRAMPOLINE
+        .try_with(|t| {
+            t.queue
+                .borrow_mut()
+                .as_mut()
+                .and_then(|q| q.downcast_mut::<VecDeque<Step<W>>>())
+                .and_then(VecDeque::pop_front)
+        })
+        .ok()
+        .flatten()
 }
 
 /// Runs `first` as the trampoline of this thread (none runs here), then
-/// every step queued meanwhile; returns what `first` returned.
+/// every step queued meanwhile; returns what `first` returned. (On a thread
+/// whose locals are gone, `first` just runs.)
 #[inline]
 fn trampoline<W: Work, R>(first: impl FnOnce() -> R) -> R {
-    TRAMPOLINE.with(|t| t.active.set(true));
+    if TRAMPOLINE.try_with(|t| t.active.set(true)).is_err() {
+        return first();
+    }
     let _active = Active::<W>(PhantomData);
     let out = first();
     while let Some(step) = next::<W>() {
@@ -123,7 +135,7 @@ fn trampoline<W: Work, R>(first: impl FnOnce() -> R) -> R {
 /// inline or custom executor).
 #[inline]
 pub(crate) fn on_trampoline_thread() -> bool {
-    TRAMPOLINE.with(|t| t.active.get())
+    TRAMPOLINE.try_with(|t| t.active.get()).unwrap_or(false)
 }
 
 /// Runs `job` on this thread: now, or if a trampoline already runs here,

@@ -482,5 +482,5 @@ impl<W: Work> PoolShared<W> {
 
 /// Whether the calling thread is a worker of some pool.
 pub(crate) fn on_worker_thread() -> bool {
-    WORKER.with(|w| w.get().0 != 0)
+    WORKER.try_with(|w| w.get().0 != 0).unwrap_or(false)
 }
