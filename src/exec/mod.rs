@@ -63,9 +63,10 @@ pub(crate) trait Work: Send + Sized + 'static {
 /// What the engine asks of an executor.
 pub(crate) trait Queue<W: Work>: Send + Sync + fmt::Debug {
     /// Takes a ready job. `yielded`: the job woke itself while running (it
-    /// should go behind other ready jobs). Must not block, and should not run
-    /// the job on the calling thread unless the executor is built for that
-    /// (the inline one).
+    /// should go behind other ready jobs). Must not block, must not panic
+    /// (the custom one catches its user's), and should not run the job on
+    /// the calling thread unless the executor is built for that (the inline
+    /// one, and the custom one, through the trampoline: see `inline`).
     fn schedule(&self, job: W, yielded: bool);
 
     /// Stops the executor once the engine has drained; joins its threads
