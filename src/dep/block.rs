@@ -34,8 +34,10 @@
 // `unsafe`: the adoption link, and freeing a leaked name; each block says why it is sound.
 #![allow(unsafe_code)]
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::mem::ManuallyDrop;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::task::Waker;
 
@@ -47,7 +49,7 @@ use crate::core::anchor::Anchor;
 use crate::core::chain::Edge;
 use crate::core::countdown::Countdown;
 use crate::core::few::Few;
-use crate::error::{FailureKind, OpFailure};
+use crate::error::{FailureKind, OpFailure, VarId};
 use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::AtomicU8;
 use crate::loom::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -349,18 +351,31 @@ impl OpBlock {
     /// Gives up the op's variables: their values and units may go now, if
     /// no one else holds them. Chains still may touch the edges themselves.
     ///
+    /// A value's drop is user code: a panic there is caught (this may run
+    /// where `async-task` aborts on a panic), the other variables are given
+    /// up all the same, and the first panic is returned with its variable.
+    /// (Catching costs a little: it is done only from the first variable
+    /// whose value's drop runs code, never for plain tags.)
+    ///
     /// # Safety
     ///
     /// Called once, when the op retires: its edges are completed and
     /// nothing reads their `var` afterwards.
     #[inline]
-    pub(super) unsafe fn release_vars(&self) {
-        for e in self.edges() {
+    pub(super) unsafe fn release_vars(&self) -> Option<(VarId, Box<dyn Any + Send>)> {
+        let edges = self.edges();
+        for (i, e) in edges.iter().enumerate() {
+            if e.var.value_drops() {
+                // SAFETY: forwarded, for the edges not given up yet.
+                return unsafe { release_caught(&edges[i..]) };
+            }
             // SAFETY: each hold is moved out once, here; the block's drop
             // does not drop it again (`edges` is `ManuallyDrop`), and the
-            // caller guarantees nothing reads it afterwards.
+            // caller guarantees nothing reads it afterwards. Its value's
+            // drop runs no code.
             drop(unsafe { std::ptr::read(&e.var) });
         }
+        None
     }
 
     /// Whether the op has run and the chains have released all its edges.
@@ -419,6 +434,34 @@ impl OpBlock {
         // SAFETY: only the adopting thread touches the link.
         self.next_adopted.with(|n| unsafe { *n })
     }
+}
+
+/// Gives up the variables of `edges` as `OpBlock::release_vars` does,
+/// catching panics.
+///
+/// # Safety
+///
+/// As for `release_vars`, for these edges.
+unsafe fn release_caught(edges: &[OpEdge]) -> Option<(VarId, Box<dyn Any + Send>)> {
+    let mut next = 0;
+    let mut first_panic = None;
+    while next < edges.len() {
+        let mut dropping = None;
+        let released = catch_unwind(AssertUnwindSafe(|| {
+            while let Some(e) = edges.get(next) {
+                // Counted before the drop: a hold whose drop panicked is gone
+                // all the same, and not dropped again.
+                next += 1;
+                dropping = Some(e.var.id());
+                // SAFETY: as in `release_vars`.
+                drop(unsafe { std::ptr::read(&e.var) });
+            }
+        }));
+        if let (Err(payload), Some(var)) = (released, dropping) {
+            first_panic.get_or_insert((var, payload));
+        }
+    }
+    first_panic
 }
 
 impl Drop for OpBlock {

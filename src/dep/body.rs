@@ -28,6 +28,11 @@ pub(crate) trait Body: Send + 'static {
         env: &Env<'_>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::Output, BoxError>>;
+
+    /// Drops, in place, what the body still holds: the closure of a body
+    /// that never ran, the future of one that finished or never will.
+    /// User code (destructors) runs here: the caller catches its panics.
+    fn discard(self: Pin<&mut Self>);
 }
 
 /// A synchronous op: a closure run once.
@@ -56,6 +61,10 @@ where
             .expect("op body polled after it ran");
         let ctx = OpCtx::borrowed(op, env);
         Poll::Ready(f(&ctx).map_err(Into::into))
+    }
+
+    fn discard(self: Pin<&mut Self>) {
+        self.get_mut().0 = None;
     }
 }
 
@@ -102,5 +111,13 @@ where
         let fut =
             unsafe { Pin::new_unchecked(this.fut.as_mut().expect("async op polled after it ran")) };
         fut.poll(cx).map(|r| r.map_err(Into::into))
+    }
+
+    fn discard(self: Pin<&mut Self>) {
+        // SAFETY: as in `poll_body`; `fut` is dropped in place (assigning
+        // drops the old value where it is), as pinning allows.
+        let this = unsafe { self.get_unchecked_mut() };
+        this.start = None;
+        this.fut = None;
     }
 }

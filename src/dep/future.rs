@@ -1,7 +1,14 @@
 //! The future a host op's task runs: wait for device work on its variables,
 //! check its inputs, run the body with panics caught, then finish the op
 //! (see `lifecycle`); and the thread-local marker of the op a thread is
-//! running, which blocking waits consult.
+//! running, which blocking waits (and the engine's last handle) consult.
+//!
+//! What the body still holds when it will not run again (the closure of a
+//! skipped op, the future of an async one) is dropped here, inside the
+//! future's poll or drop, panics caught (`discard_body`): left to the task,
+//! it would be dropped under `async-task`'s guard, which aborts the process
+//! on a panic, and outside the op, where dropping the engine's last handle
+//! would wait for ops this very thread may have to run.
 
 // `unsafe`: the future's pointer to its own task's op, and pin projection; each block says why it
 // is sound.
@@ -17,11 +24,12 @@ use super::block::OpBlock;
 use super::body::Body;
 use super::ctx::Env;
 use super::host::Host;
-use super::lifecycle::{Outcome, abandon, finish, host, lease_dropped, skip};
+use super::lifecycle::{Outcome, abandon, dropping_failed, finish, host, lease_dropped, skip};
+use super::output::Output;
 use crate::error::{Error, FailureKind, panic_message};
 
 /// The future of an op on a host device (see `stream_op` for the other).
-pub(crate) struct OpFuture<B, H: Host> {
+pub(crate) struct OpFuture<B: Body, H: Host> {
     op: *const OpBlock,
     started: bool,
     finished: bool,
@@ -31,7 +39,7 @@ pub(crate) struct OpFuture<B, H: Host> {
 
 // SAFETY: the only non-`Send` field is the pointer to the task's own metadata,
 // which is `Sync`.
-unsafe impl<B: Send, H: Host> Send for OpFuture<B, H> {}
+unsafe impl<B: Body, H: Host> Send for OpFuture<B, H> {}
 
 impl<B: Body, H: Host> OpFuture<B, H> {
     pub(super) fn new(op: &OpBlock, body: B) -> Self {
@@ -46,7 +54,7 @@ impl<B: Body, H: Host> OpFuture<B, H> {
 }
 
 impl<B: Body, H: Host> Future for OpFuture<B, H> {
-    type Output = Result<B::Output, Error>;
+    type Output = Result<Output<B::Output>, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // SAFETY: `body` is structurally pinned (never moved out); the other
@@ -75,6 +83,8 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
                 && let Some(why) = op.blocked_by(streams)
             {
                 this.finished = true;
+                // SAFETY: `body` is pinned with `this`.
+                discard_body(op, unsafe { Pin::new_unchecked(&mut this.body) }, host);
                 return Poll::Ready(Err(skip(op, why, host)));
             }
             host.on_started(op);
@@ -98,10 +108,16 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
             Poll::Ready(result) => result,
         };
         this.finished = true;
+        if !B::SYNC {
+            // A finished future may still hold something (a sync body's
+            // closure was consumed by its call).
+            // SAFETY: `body` is pinned with `this`.
+            discard_body(op, unsafe { Pin::new_unchecked(&mut this.body) }, host);
+        }
         Poll::Ready(match result {
             Ok(value) => {
                 finish(op, Outcome::Succeeded, host);
-                Ok(value)
+                Ok(Output::new(value, op, host.id()))
             }
             Err(kind) => {
                 let failure = op.failure(kind);
@@ -112,13 +128,32 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
     }
 }
 
-impl<B, H: Host> Drop for OpFuture<B, H> {
+impl<B: Body, H: Host> Drop for OpFuture<B, H> {
     fn drop(&mut self) {
         if !self.finished {
             // SAFETY: as in `poll`: the op has not retired.
             let (op, host) = unsafe { (&*self.op, host::<H>(&*self.op)) };
+            // SAFETY: the future is pinned (in its task) and being dropped:
+            // the body is dropped in place.
+            discard_body(op, unsafe { Pin::new_unchecked(&mut self.body) }, host);
             abandon(op, host);
         }
+    }
+}
+
+/// Drops what `body` still holds (see [`Body::discard`]) as if running the
+/// op: the thread counts as inside it, so that the engine's last handle
+/// dropped there shuts the engine down in the background instead of
+/// waiting for ops this thread may have to run. A panic is caught and
+/// recorded as a failure of the op (reported by `wait_all`); the op's own
+/// outcome stands.
+pub(super) fn discard_body<B: Body, H: Host>(op: &OpBlock, body: Pin<&mut B>, host: &H) {
+    let dropped = {
+        let _current = CurrentOp::enter(op);
+        catch_unwind(AssertUnwindSafe(|| body.discard()))
+    };
+    if let Err(payload) = dropped {
+        host.record_failure(dropping_failed(op, "what its body held", payload));
     }
 }
 
@@ -174,7 +209,8 @@ pub(crate) fn with_current_op<R>(f: impl FnOnce(Option<&OpBlock>) -> R) -> R {
 /// Whether the calling thread is running an op's body (of any engine).
 #[inline]
 pub(crate) fn in_op() -> bool {
-    CURRENT.with(|c| !c.get().is_null())
+    // (A thread whose locals are gone runs no op.)
+    CURRENT.try_with(|c| !c.get().is_null()).unwrap_or(false)
 }
 
 /// Whether the calling thread is running the body of an op of the host at

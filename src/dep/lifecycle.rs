@@ -211,6 +211,18 @@ pub(super) unsafe fn hand_on(op: &OpBlock, units: &OpUnits) -> Returns {
     returns
 }
 
+/// The failure of `op` whose drop of `what` panicked with `payload`.
+pub(super) fn dropping_failed(
+    op: &OpBlock,
+    what: &str,
+    payload: Box<dyn std::any::Any + Send>,
+) -> Arc<OpFailure> {
+    let message = crate::error::panic_message(payload.as_ref());
+    op.failure(FailureKind::Panic(format!(
+        "while {what} was dropped: {message}"
+    )))
+}
+
 /// Finishes an op that does not run; returns its error.
 pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
     match why {
@@ -243,12 +255,17 @@ pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
 /// Counts the finished op out of its host, which it never reaches again,
 /// and gives up its variables (whichever thread this is: so a variable
 /// dropped by its user goes, with its units, when its last op retires).
+///
+/// A value whose drop panics there is reported as a failure of the op by
+/// `wait_all` (its outcome was decided, and passed on, before).
 #[inline]
 pub(super) fn retire<H: Host>(op: &OpBlock, host: &H) {
     host.on_finished(op);
     // SAFETY: the op retires once, here; its edges are completed, and nothing
     // reads their variables from now on.
-    unsafe { op.release_vars() };
+    if let Some((var, payload)) = unsafe { op.release_vars() } {
+        host.record_failure(dropping_failed(op, &format!("the value of {var}"), payload));
+    }
     op.mark_retired();
     host.retire(op);
     // The run's share of `refs`. Our caller (the future or the lease) still

@@ -11,6 +11,7 @@
 //! | `units` | the counted units an op needs, and how lasting ones are handed on |
 //! | `poison` | whether an op may run, and how failures pass on |
 //! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
+//! | `output` | an op's result as its task keeps it, and failures of values dropped after their op retired |
 //! | `ctx` | what a body sees: [`OpCtx`] |
 //! | `own` | the host's own ops: delete, clear poison, wait for a variable |
 //! | `task` | the pusher's side of an op's task: await, ask, cancel |
@@ -30,6 +31,7 @@ mod decl;
 mod future;
 mod host;
 mod lifecycle;
+mod output;
 mod own;
 mod poison;
 pub(crate) mod reclaim;
@@ -47,6 +49,7 @@ pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, new_host_id};
+pub(crate) use self::output::take_late_failures;
 pub(crate) use self::own::{deletion, mark_deleted, unpoisoning, var_wait};
 pub(crate) use self::spawn::{OpTask, spawn};
 pub(crate) use self::task::PushedOp;

@@ -11,12 +11,13 @@ use super::body::Body;
 use super::future::OpFuture;
 use super::host::Host;
 use super::lifecycle::{ready, schedule};
+use super::output::Output;
 use super::reclaim;
 use super::stream_op::StreamOpFuture;
 use crate::error::Error;
 
 /// The task of a pushed op: what its handle awaits.
-pub(crate) type OpTask<T> = async_task::Task<Result<T, Error>, OpBlock>;
+pub(crate) type OpTask<T> = async_task::Task<Result<Output<T>, Error>, OpBlock>;
 
 /// Spawns an op made of `spec` and `body` on `host`, and links it into its
 /// variables' chains: it runs as soon as its dependencies allow. Returns its

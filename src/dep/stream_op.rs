@@ -23,11 +23,13 @@ use std::task::{Context, Poll};
 use super::block::OpBlock;
 use super::body::Body;
 use super::ctx::Env;
-use super::future::run_body;
+use super::future::{discard_body, run_body};
 use super::host::Host;
 use super::lifecycle::{
-    Outcome, abandon, finish, hand_on, host, lease_dropped, release_edges, retire, skip,
+    Outcome, abandon, dropping_failed, finish, hand_on, host, lease_dropped, release_edges, retire,
+    skip,
 };
+use super::output::Output;
 use crate::device::poller::Entry;
 use crate::device::{Fence, Stream, StreamDevice};
 use crate::error::{Error, FailureKind};
@@ -135,7 +137,7 @@ impl<B: Body, H: Host> StreamOpFuture<B, H> {
 }
 
 impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
-    type Output = Result<B::Output, Error>;
+    type Output = Result<Output<B::Output>, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // SAFETY: `body` is structurally pinned (never moved out); the other
@@ -160,6 +162,8 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
                     .blocked_by(true)
                     .expect("a poisoned input stays poisoned");
                 this.stage = Stage::Finished;
+                // SAFETY: `body` is pinned with `this`.
+                discard_body(op, unsafe { Pin::new_unchecked(&mut this.body) }, host);
                 return Poll::Ready(Err(skip(op, why, host)));
             }
             host.on_started(op);
@@ -185,7 +189,11 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
             unreachable!()
         };
         let result = match done {
-            Ok(()) => Ok(value.expect("a fence without failure has a value")),
+            Ok(()) => Ok(Output::new(
+                value.expect("a fence without failure has a value"),
+                op,
+                host.id(),
+            )),
             Err(cause) if inherited => Err(Error::Poisoned(cause)),
             Err(failure) => {
                 host.record_failure(failure.clone());
@@ -273,9 +281,23 @@ impl<B: Body, H: Host> Drop for StreamOpFuture<B, H> {
         let (op, host) = unsafe { (&*self.op, host::<H>(&*self.op)) };
         match self.stage {
             Stage::Finished => {}
-            Stage::Start => abandon(op, host),
-            // Dropped while its work runs: count it out now rather than never.
-            Stage::Enqueued(..) => op.complete_on_device(host),
+            Stage::Start => {
+                // SAFETY: the future is pinned (in its task) and being
+                // dropped: the body is dropped in place.
+                discard_body(op, unsafe { Pin::new_unchecked(&mut self.body) }, host);
+                abandon(op, host);
+            }
+            // Dropped while its work runs: count it out now rather than never
+            // (the body's value first, as `discard_body` drops a body).
+            Stage::Enqueued(..) => {
+                let stage = std::mem::replace(&mut self.stage, Stage::Finished);
+                let dropped =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(stage)));
+                if let Err(payload) = dropped {
+                    host.record_failure(dropping_failed(op, "its output", payload));
+                }
+                op.complete_on_device(host);
+            }
         }
     }
 }

@@ -12,12 +12,13 @@ use std::task::{Context, Poll};
 use async_task::FallibleTask;
 
 use super::block::OpBlock;
+use super::output::Output;
 use super::spawn::OpTask;
 use crate::error::Error;
 
 /// A pushed op's task, and its block.
 pub(crate) struct PushedOp<T> {
-    task: FallibleTask<Result<T, Error>, OpBlock>,
+    task: FallibleTask<Result<Output<T>, Error>, OpBlock>,
     /// The block, in the task's header: alive as long as `task` is.
     op: NonNull<OpBlock>,
 }
@@ -58,7 +59,9 @@ impl<T> PushedOp<T> {
     /// before it finished.
     #[inline]
     pub(crate) fn poll_result(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, Error>>> {
-        Pin::new(&mut self.task).poll(cx)
+        Pin::new(&mut self.task)
+            .poll(cx)
+            .map(|r| r.map(|r| r.map(Output::into_inner)))
     }
 
     /// Lets the op run on without anyone awaiting it.

@@ -147,9 +147,10 @@ impl<T> Handle<T> {
     /// returns its result.
     pub fn wait(self) -> Result<T, Error> {
         #[cfg(loom)]
-        return loom::future::block_on(self.0);
+        let output = loom::future::block_on(self.0);
         #[cfg(not(loom))]
-        futures::executor::block_on(self.0)
+        let output = futures::executor::block_on(self.0);
+        output.map(super::output::Output::into_inner)
     }
 
     /// Asks the op not to run, if it has not started (`OpHandle::cancel`).

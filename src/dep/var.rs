@@ -71,6 +71,9 @@ pub struct VarCore {
     deleted: AtomicBool,
     /// Its id has a name in `error::names`, to forget when it is freed.
     named: bool,
+    /// Dropping the value runs code (`needs_drop`): user code, which may
+    /// panic (see `OpBlock::release_vars`).
+    value_drops: bool,
     pub(crate) chain: Chain<OpBlock, Written>,
 }
 
@@ -102,6 +105,12 @@ impl VarCore {
     #[inline]
     pub(crate) fn engine(&self) -> u64 {
         self.engine
+    }
+
+    /// Whether dropping the variable's value runs code (it may panic).
+    #[inline]
+    pub(crate) fn value_drops(&self) -> bool {
+        self.value_drops
     }
 
     /// The device work the variable waits for.
@@ -353,6 +362,7 @@ impl<T: Send + Sync + 'static> Var<T> {
             release: release::<T>,
             deleted: AtomicBool::new(false),
             named,
+            value_drops: std::mem::needs_drop::<T>(),
             chain: Chain::new(Written {
                 version: AtomicU64::new(0),
                 state: UnsafeCell::new(VarState::Live),

@@ -17,6 +17,7 @@ mod cuda;
 pub(crate) mod poller;
 pub(crate) mod sim;
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -29,6 +30,33 @@ use crate::error::{Error, OpFailure};
 pub(crate) type Fence = crate::core::fence::Fence<Event, Arc<OpFailure>>;
 /// The device work a variable waits for.
 pub(crate) type VarFences = crate::core::fence::VarFences<Event, Arc<OpFailure>>;
+
+crate::loom::thread::thread_local! {
+    /// The calling thread does a device's work (see [`DeviceThread`]).
+    static DEVICE_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread does a stream device's work: one of its
+/// stream threads or its poller, or a host function it runs. Waiting there
+/// for the engine's ops could wait for this very thread.
+pub(crate) fn on_device_thread() -> bool {
+    DEVICE_THREAD.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Marks the calling thread as doing a device's work until dropped.
+pub(crate) struct DeviceThread(bool);
+
+impl DeviceThread {
+    pub(crate) fn enter() -> Self {
+        DeviceThread(DEVICE_THREAD.with(|d| d.replace(true)))
+    }
+}
+
+impl Drop for DeviceThread {
+    fn drop(&mut self) {
+        DEVICE_THREAD.with(|d| d.set(self.0));
+    }
+}
 
 /// Lanes a stream device may have in all (compute plus the two copy lanes).
 pub(crate) const MAX_LANES: usize = 31;
@@ -147,6 +175,9 @@ impl Stream {
     ) -> Result<(), Error> {
         let fence = self.fence.clone();
         let job = Box::new(move || {
+            // A host function runs on a thread of the device's (CUDA's own,
+            // on a CUDA device): marked as such.
+            let _device = DeviceThread::enter();
             // Caught here: a panic must not unwind into the device's thread
             // (across the FFI boundary, on CUDA).
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {

@@ -123,6 +123,7 @@ impl std::fmt::Debug for Poller {
 }
 
 fn run(wake: &Wake, device: &Backend, lanes: usize) {
+    let _device = super::DeviceThread::enter();
     let mut in_flight: Vec<VecDeque<Entry>> = (0..lanes).map(|_| VecDeque::new()).collect();
     let mut count = 0usize;
     let mut idle_rounds = 0u32;

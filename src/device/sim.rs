@@ -143,6 +143,7 @@ impl SimGpu {
 }
 
 fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
+    let _device = super::DeviceThread::enter();
     loop {
         let item = {
             let mut q = lane.queue.lock();

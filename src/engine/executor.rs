@@ -10,7 +10,7 @@ use crate::dep::{OpBlock, Runner, reclaim};
 use crate::device::{Spec, StreamDevice};
 #[cfg(feature = "tokio")]
 use crate::exec::Tokio;
-use crate::exec::{Custom, Inline, Pool, Queue, StartHook, Work};
+use crate::exec::{self, Custom, Inline, Pool, Queue, StartHook, Work};
 
 impl Work for Runner {
     #[inline]
@@ -150,6 +150,12 @@ impl Executor {
     /// Hands every ready op to `schedule`, which must arrange for
     /// [`Job::run`] to be called soon, on any thread, without blocking the
     /// caller (push it to a queue, or spawn it on a runtime).
+    ///
+    /// `schedule` may also run the job at once (`|job| { job.run(); }`): a
+    /// job made ready while another runs on the same thread then runs after
+    /// it, as on [`inline`](Executor::inline), so long chains do not nest. A
+    /// panic in `schedule` is caught: the ops it was not handed to proceed,
+    /// and a job it dropped fails its op as dropped by its executor.
     ///
     /// ```
     /// use depflow::{Engine, Executor};
@@ -301,7 +307,7 @@ impl Executor {
             ExecutorKind::Inline => Exec::Other(Box::new(Inline)),
             ExecutorKind::Custom(f) => {
                 let f = f.clone();
-                Exec::Other(Box::new(Custom::new(move |op| f(Job(op)))))
+                Exec::Other(Box::new(Custom::new(move |op| f(Job(Some(op))))))
             }
             ExecutorKind::Streams(spec) => Exec::Stream(Box::new(StreamExec {
                 device: StreamDevice::new(name, spec)?,
@@ -351,28 +357,57 @@ impl fmt::Debug for Executor {
 /// engine.op().name("step").mutates(&[&v]).run(|_| Ok(()))?.wait()?;
 /// # Ok::<(), Error>(())
 /// ```
-pub struct Job(Runner);
+///
+/// A job dropped without running fails its op ("dropped by its executor"),
+/// as does one the executor's function drops while it panics: the engine
+/// catches that panic, so that the other ops it was handing on proceed.
+pub struct Job(Option<Runner>);
 
 impl Job {
     /// Runs the op (one poll of its future). Returns `true` if the op woke
     /// itself while running and has already been scheduled again.
-    pub fn run(self) -> bool {
-        self.0.run()
+    ///
+    /// Called while another job runs on this thread (the executor's function
+    /// runs jobs where it gets them), it runs the op once that job returns,
+    /// on this thread, and returns `false`: so a long chain of ops made
+    /// ready one by the other runs one after the other, not nested.
+    pub fn run(mut self) -> bool {
+        exec::run_here(self.runner())
     }
 
     /// The op's name, if it was given one.
     pub fn name(&self) -> Option<&str> {
-        self.0.metadata().name()
+        self.op().name()
     }
 
     /// The op's priority (0 unless set).
     pub fn priority(&self) -> i32 {
-        self.0.metadata().priority()
+        self.op().priority()
+    }
+
+    fn op(&self) -> &OpBlock {
+        self.0
+            .as_ref()
+            .expect("a job holds its op until run")
+            .metadata()
+    }
+
+    fn runner(&mut self) -> Runner {
+        self.0.take().expect("a job is run once")
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(runner) = self.0.take() {
+            // Its op fails; what that releases runs after the current job.
+            exec::drop_here(runner);
+        }
     }
 }
 
 impl fmt::Debug for Job {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Job").field(self.0.metadata()).finish()
+        f.debug_tuple("Job").field(self.op()).finish()
     }
 }

@@ -32,7 +32,7 @@ use super::executor::Exec;
 use crate::core::generations::{Generations, Signal};
 use crate::core::room::Room;
 use crate::core::tickets::Broker;
-use crate::dep::{Host, OpBlock, Runner};
+use crate::dep::{Host, OpBlock, Runner, take_late_failures};
 use crate::device::StreamDevice;
 use crate::error::{Error, OpFailure, VarId};
 use crate::loom::sync::Mutex;
@@ -133,9 +133,15 @@ impl Shared {
         self.pending.wait()
     }
 
-    /// Takes the failures recorded since the last call, as one error.
+    /// Takes the failures recorded since the last call, as one error
+    /// (with those recorded after their op retired: see `dep::output`).
     pub(super) fn take_failures(&self) -> Result<(), Error> {
+        let late = take_late_failures(self.id);
         let mut log = self.failures.lock();
+        for failure in late {
+            log.first.get_or_insert(failure);
+            log.count += 1;
+        }
         let count = std::mem::take(&mut log.count);
         match log.first.take() {
             Some(first) => Err(Error::Failures { first, count }),
@@ -147,6 +153,13 @@ impl Shared {
         for device in self.devices.iter() {
             device.exec.shutdown();
         }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Nobody will take them any more.
+        drop(take_late_failures(self.id));
     }
 }
 

@@ -3,10 +3,15 @@
 //! executors stop and their threads are joined.
 //!
 //! The drop waits for that on its own thread, except where waiting could
-//! hang: inside an op (it would wait for that very op), inside a tokio
-//! runtime (the ops may need that very thread to drive the runtime), and
-//! after [`Engine::shutdown_timeout`] gave up. There a helper thread waits
-//! and stops the executors, and the drop returns at once.
+//! hang: inside an op (it would wait for that very op; this includes
+//! dropping what a skipped or abandoned op's body held), on a thread that
+//! runs ops (a pool's worker, an inline or custom executor's job, where an
+//! op's output nobody awaited is dropped) or device work (a stream
+//! device's stream threads and host functions, its poller): the ops left
+//! may need that very thread; inside a tokio runtime (the ops may need
+//! that very thread to drive the runtime), and after
+//! [`Engine::shutdown_timeout`] gave up. There a helper thread waits and
+//! stops the executors, and the drop returns at once.
 //!
 //! Ops refer to the engine's shared state by pointer (their host), which is
 //! sound because that state outlives every pending op: it is freed only once
@@ -20,8 +25,9 @@ use std::time::Duration;
 use super::Engine;
 use super::shared::Shared;
 use crate::dep::{in_op, reclaim};
+use crate::device::on_device_thread;
 use crate::error::Error;
-use crate::exec::in_tokio_runtime;
+use crate::exec::{in_tokio_runtime, on_executor_thread};
 
 /// Shuts the engine down when dropped (by the last engine handle).
 pub(super) struct ShutdownOnDrop {
@@ -54,11 +60,14 @@ impl Drop for ShutdownOnDrop {
             reclaim::drain();
         };
         // Dropped inside an op (waiting here would wait for this very op),
-        // inside an async runtime with ops in flight (they may need this
-        // thread to drive it), or after a shutdown gave up waiting: let a
-        // helper thread wait for the drain and stop the executors.
+        // on a thread that runs ops or device work (the ops left may need
+        // it), inside an async runtime with ops in flight (they may need
+        // this thread to drive it), or after a shutdown gave up waiting: let
+        // a helper thread wait for the drain and stop the executors.
         let in_background = self.in_background.load(Ordering::SeqCst)
             || in_op()
+            || on_executor_thread()
+            || on_device_thread()
             || (in_tokio_runtime() && self.shared.pending.in_flight() != 0);
         if !in_background {
             return stop();

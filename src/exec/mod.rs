@@ -6,7 +6,8 @@
 //! - [`Inline`]: runs each job on the thread that made it ready (MXNet's
 //!   `NaiveEngine`, for debugging);
 //! - [`Custom`]: hands each job to a function of the user's (a tokio or smol
-//!   runtime, a channel);
+//!   runtime, a channel), on the inline executor's trampoline so that a
+//!   function running its jobs at once does not nest them;
 //! - `Tokio` (the `tokio` feature): spawns each job as a task on a tokio
 //!   runtime.
 //!
@@ -24,7 +25,7 @@ mod tokio_rt;
 use std::fmt;
 
 pub(crate) use custom::Custom;
-pub(crate) use inline::Inline;
+pub(crate) use inline::{Inline, drop_here, run_here};
 pub(crate) use pool::{Pool, StartHook};
 #[cfg(feature = "tokio")]
 pub(crate) use tokio_rt::{Tokio, in_runtime as in_tokio_runtime};
@@ -35,6 +36,14 @@ pub(crate) use tokio_rt::{Tokio, in_runtime as in_tokio_runtime};
 #[inline]
 pub(crate) fn in_tokio_runtime() -> bool {
     false
+}
+
+/// Whether the calling thread runs jobs of an executor: a pool's worker, or
+/// a thread whose trampoline is running (an inline or a custom executor's
+/// job). Waiting there for other jobs to run could wait for this very
+/// thread.
+pub(crate) fn on_executor_thread() -> bool {
+    pool::on_worker_thread() || inline::on_trampoline_thread()
 }
 
 /// What an executor runs.
@@ -54,9 +63,10 @@ pub(crate) trait Work: Send + Sized + 'static {
 /// What the engine asks of an executor.
 pub(crate) trait Queue<W: Work>: Send + Sync + fmt::Debug {
     /// Takes a ready job. `yielded`: the job woke itself while running (it
-    /// should go behind other ready jobs). Must not block, and should not run
-    /// the job on the calling thread unless the executor is built for that
-    /// (the inline one).
+    /// should go behind other ready jobs). Must not block, must not panic
+    /// (the custom one catches its user's), and should not run the job on
+    /// the calling thread unless the executor is built for that (the inline
+    /// one, and the custom one, through the trampoline: see `inline`).
     fn schedule(&self, job: W, yielded: bool);
 
     /// Stops the executor once the engine has drained; joins its threads

@@ -479,3 +479,8 @@ impl<W: Work> PoolShared<W> {
         }
     }
 }
+
+/// Whether the calling thread is a worker of some pool.
+pub(crate) fn on_worker_thread() -> bool {
+    WORKER.try_with(|w| w.get().0 != 0).unwrap_or(false)
+}

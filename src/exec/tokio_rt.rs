@@ -29,12 +29,28 @@ impl std::fmt::Debug for Tokio {
     }
 }
 
+/// A job in a tokio task: dropped unrun (the runtime shut down), it is
+/// dropped on the trampoline (see `inline::drop_here`), so that the ops its
+/// failure releases, dropped in turn, do not nest.
+struct Spawned<W: Work>(Option<W>);
+
+impl<W: Work> Drop for Spawned<W> {
+    fn drop(&mut self) {
+        if let Some(job) = self.0.take() {
+            super::drop_here(job);
+        }
+    }
+}
+
 impl<W: Work> Queue<W> for Tokio {
     fn schedule(&self, job: W, _yielded: bool) {
         // A runtime that has shut down drops the task, and with it the job:
         // the engine resolves a dropped op as failed, it does not hang.
+        let mut job = Spawned(Some(job));
         drop(self.handle.spawn(async move {
-            job.run();
+            if let Some(job) = job.0.take() {
+                job.run();
+            }
             // As a pool worker does before it parks: free the ops that jobs
             // run here pushed and that have finished (tokio's threads have
             // no idle hook of ours).
