@@ -29,14 +29,15 @@ use crate::trace::Diagnostics;
 /// each other: there is no global instance.
 ///
 /// Dropping the last clone blocks until the pushed ops have run, except
-/// inside an op, inside a tokio runtime (with the `tokio` feature) and after
-/// [`shutdown_timeout`](Engine::shutdown_timeout) gave up: there a helper
-/// thread waits instead, and the drop returns at once (`.await`
-/// [`shutdown`](Engine::shutdown) first to know the ops have run). With a
-/// [custom executor](crate::Executor::custom), do not drop it on one of that
-/// executor's own threads (or `.await` [`shutdown`](Engine::shutdown) first):
-/// blocking there could stall the very executor that must run the remaining
-/// ops.
+/// where that could wait for the calling thread itself: inside an op, on a
+/// thread that runs the engine's ops or device work (a pool worker, a job of
+/// an inline or custom executor, a stream device's threads and host
+/// functions), inside a tokio runtime (with the `tokio` feature), and after
+/// [`shutdown_timeout`](Engine::shutdown_timeout) gave up. There a helper
+/// thread waits instead and the drop returns at once (`.await`
+/// [`shutdown`](Engine::shutdown) first to know the ops have run). A custom
+/// executor's own threads, outside a job, cannot be told apart: do not drop
+/// the last clone there without awaiting `shutdown` first.
 ///
 /// ```
 /// use depflow::Engine;
