@@ -27,6 +27,11 @@ impl Work for Runner {
         // Free what ops run on this worker pushed and have finished.
         reclaim::collect();
     }
+
+    #[inline]
+    fn in_body() -> bool {
+        crate::dep::in_op()
+    }
 }
 
 /// A device's executor, built: the pool is dispatched statically (it is the
