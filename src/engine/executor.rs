@@ -140,7 +140,8 @@ impl Executor {
     }
 
     /// A work-stealing pool of `threads` CPU worker threads. Ready ops with a
-    /// higher [priority](crate::OpBuilder::priority) run before lower ones.
+    /// higher [priority](crate::OpBuilder::priority) run before lower ones,
+    /// with bounded overtaking (priorities age; see there).
     pub fn pool(threads: usize) -> Self {
         Self::of(ExecutorKind::Pool(threads))
     }

@@ -133,6 +133,39 @@ impl<'a> OpBuilder<'a> {
 
     /// A priority among ready ops (default 0; higher runs first). Honoured by
     /// the pool executor; it never overrides dependencies.
+    ///
+    /// The rule, on a pool: a ready op of positive priority runs before any
+    /// ready op of priority 0, and those before any of negative priority;
+    /// but no op waits forever behind others that keep coming:
+    ///
+    /// - priorities *age*: among ops of non-zero priority of the same sign,
+    ///   an op's standing rises by one priority level for every 64 such ops
+    ///   made ready after it (so equal priorities run in the order they
+    ///   became ready, and a priority-1 op runs before priority-5 ops made
+    ///   ready 256 or more such ops later);
+    /// - a ready op of negative priority is passed over by at most 64 picks
+    ///   of other work by the pool's workers: then the next worker to look
+    ///   for work takes the first of them (sooner if a worker finds nothing
+    ///   else to do).
+    ///
+    /// A steady supply of positive-priority ops still delays priority-0
+    /// ones (a worker looks at the ops pushed from outside the pool first
+    /// only on every 61st pick): keep positive priorities for short, urgent
+    /// work.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::builder().threads(1).build()?;
+    /// let (log, late) = (engine.var(Vec::new()), engine.new_var());
+    /// let k = log.key();
+    /// // Runs when nothing else is ready, or after at most 64 other picks.
+    /// engine.op().mutates(&[&late]).priority(-1).run(|_| Ok(()))?;
+    /// engine.op().mutates(&[&log]).priority(10).run(move |ctx| {
+    ///     ctx.write(k)?.push("urgent");
+    ///     Ok(())
+    /// })?;
+    /// engine.wait_all().wait()?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     #[inline]
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
