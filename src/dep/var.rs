@@ -41,7 +41,7 @@ use crate::core::chain::Chain;
 use crate::device::VarFences;
 use crate::error::{OpFailure, VarId, names};
 use crate::loom::cell::UnsafeCell;
-use crate::resource::{Held, Resource};
+use crate::resource::{Held, Resource, Revocable};
 
 /// Variable ids are unique across all engines of the process, so that a
 /// [`VarKey`] can never be mistaken for another variable.
@@ -183,6 +183,21 @@ impl VarCore {
             .held
             // SAFETY: a granted write is exclusive.
             .with_mut(|held| unsafe { (*held).replace(resource, amount) })
+    }
+
+    /// Makes the variable hold `units` (a stream op's, which it takes back
+    /// if its device work fails), replacing what it held of their resource,
+    /// whose amount is returned (to give back).
+    ///
+    /// # Safety
+    ///
+    /// As for [`hold_units`](Self::hold_units).
+    pub(crate) unsafe fn hold_revocable_units(&self, units: &Revocable) -> Option<u64> {
+        self.chain
+            .payload()
+            .held
+            // SAFETY: a granted write is exclusive.
+            .with_mut(|held| unsafe { (*held).replace_revocable(units) })
     }
 
     /// Takes every unit the variable holds (it is being deleted); they go

@@ -241,7 +241,9 @@ impl<'a> OpBuilder<'a> {
     /// variables it mutates (the buffer it fills): `output` holds them from
     /// the op's completion until it is deleted or dropped, or a later op
     /// allocates it again (which replaces them). If the op fails, they come
-    /// back at once.
+    /// back at once. (On a stream device `output` holds them from when the
+    /// op's work is enqueued; if that work fails, they come back when the
+    /// failure is known, before the op's handle resolves.)
     ///
     /// Such an op waits for every op pushed before it that needs units of
     /// the same resource (see [`Resource`] on why this makes pipelines
