@@ -392,6 +392,14 @@ impl<T> Var<T> {
 
     /// How many mutations of this variable have completed (successful, failed
     /// or skipped alike): it grows by one with each.
+    ///
+    /// A mutation counts when its op hands the variable on to the next ops:
+    /// on the host, when the op completes; on a stream device, as soon as
+    /// its body has enqueued its device work, *before that work is done*
+    /// (the next ops on the variable are ordered after it all the same: on
+    /// the device by the stream, on the host by waiting for it). To know
+    /// the device work is done as well, wait for the op's handle or for the
+    /// variable ([`Engine::wait_for_var`](crate::Engine::wait_for_var)).
     pub fn version(&self) -> u64 {
         self.inner.core.version()
     }
