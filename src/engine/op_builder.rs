@@ -210,7 +210,11 @@ impl<'a> OpBuilder<'a> {
 
     /// Units of `resource` the op needs while it runs, given back when it
     /// completes. The op starts only once all its variables allow it *and*
-    /// all its units are free; it takes them all at once.
+    /// all its units are free; it takes them all at once. It may take them
+    /// ahead of older ops that wait for theirs: so its body must not wait
+    /// for an older op that needs units of the same resource (await its
+    /// handle, say) — declare that dependency through a variable instead;
+    /// see [`Resource`] for the exact condition.
     ///
     /// # Errors
     ///

@@ -11,7 +11,10 @@
 //! keeps the accounts (a `core::tickets` broker over its
 //! ops), which a resource reaches through its [`Ledger`]: see `tickets` for
 //! the granting order and why it cannot deadlock a program that fits when run
-//! serially.
+//! serially (unless an op waits inside its body, holding units, for an op
+//! that needs them: [`Resource`] states the condition). A stream op hands
+//! its allocated units on when it enqueues its work, [`Revocable`]ly: they
+//! come back if the work fails.
 //!
 //! May import: `crate::loom`, `crate::error`. Knows no op: what an op asks for is the
 //! dependency layer's (`dep::units`), who grants it the engine's.
@@ -50,6 +53,47 @@ pub(crate) trait Ledger: Send + Sync {
 /// they run or hand on to the variables they allocate.
 ///
 /// Cheap to clone. Made by [`Engine::new_resource`](crate::Engine::new_resource).
+///
+/// # When a program cannot deadlock on units
+///
+/// Ops that [allocate](crate::OpBuilder::allocates) are granted their units
+/// in push order; ops that only [use](crate::OpBuilder::uses) units may
+/// take them ahead of older ops still waiting for theirs (which lets more
+/// programs complete). Hence: **a program that fits when run serially, in
+/// push order, never deadlocks — provided no op waits inside its body,
+/// while it holds units, for another op that needs units of the same
+/// resource.** The engine cannot see such a wait (an async body awaiting
+/// another op's handle, a `wait_for_var` or `wait_all`; any body blocking on
+/// a channel or lock another op fills). If the op waited for is older and
+/// needs some of the units the waiting op took ahead of it, each waits for
+/// the other, although serially (the older op first) the program fits.
+/// Declare such a dependency through a variable instead: an op that reads
+/// a variable the other mutates is granted, and takes its units, only
+/// after the other completed. With
+/// [`track_ops`](crate::EngineBuilder::track_ops),
+/// [`Engine::diagnostics`](crate::Engine::diagnostics) names the suspects:
+/// ops awaiting inside their body while holding units a parked op needs.
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let memory = engine.new_resource("memory", 2);
+/// let (a, b) = (engine.new_var(), engine.new_var());
+/// let older = engine.op().mutates(&[&a]).uses(&memory, 2).run(|_| Ok(()))?;
+/// // Waits for `older` through `a`, not by awaiting its handle while
+/// // holding a unit `older` may still need.
+/// engine
+///     .op()
+///     .reads(&[&a])
+///     .mutates(&[&b])
+///     .uses(&memory, 1)
+///     .run_async(move |_| async move { Ok::<_, depflow::BoxError>(older.await?) })?
+///     .wait()?;
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// # Example
 ///
 /// ```
 /// use depflow::{Engine, Error};
