@@ -74,9 +74,10 @@
 //! skipped while fewer units are free than the smallest request there asks).
 //! A request that fits a pool but not another moves to the other's list.
 //! Requests parked on an exhausted pool thus cost nothing to the traffic of
-//! other pools. Granting order is unchanged: a request is granted as soon
-//! as all its demands are met, the oldest arrival first within a pool's
-//! list.
+//! other pools. The granting rules above are unchanged: a request is
+//! granted as soon as all its demands are met (lasting ones in ticket
+//! order); among those a release makes fit on one pool, the oldest arrival
+//! first.
 //!
 //! The state is one mutex per engine: requests and releases are short
 //! critical sections that never run an op, wake a thread or drop user data
