@@ -138,11 +138,11 @@ impl<'a> OpBuilder<'a> {
     /// ready op of priority 0, and those before any of negative priority;
     /// but no op waits forever behind others that keep coming:
     ///
-    /// - priorities *age*: among ops of non-zero priority of the same sign,
-    ///   an op's standing rises by one priority level for every 64 such ops
-    ///   made ready after it (so equal priorities run in the order they
-    ///   became ready, and a priority-1 op runs before priority-5 ops made
-    ///   ready 256 or more such ops later);
+    /// - priorities *age*: an op of non-zero priority stands one priority
+    ///   level higher, among those of its sign, for every 64 ops of non-zero
+    ///   priority made ready after it (so equal priorities run in the order
+    ///   they became ready, and a priority-1 op runs before priority-5 ops
+    ///   made ready 256 or more such ops after it);
     /// - a ready op of negative priority is passed over by at most 64 picks
     ///   of other work by the pool's workers: then the next worker to look
     ///   for work takes the first of them (sooner if a worker finds nothing

@@ -16,7 +16,7 @@
 //! - Ops with a non-zero priority go to two shared heaps, by sign: positive
 //!   priorities run before any other ready op, negative ones after. Within a
 //!   heap, priorities age: an op's standing rises by one priority level for
-//!   every `AGE` ops that enter the heap after it, so equal priorities run
+//!   every `AGE` ops that enter the heaps after it, so equal priorities run
 //!   in the order they became ready and a steady supply of higher ones
 //!   cannot hold a lower one back forever. And negative ones are not starved
 //!   by priority-0 work: when workers have passed the first of them over
