@@ -299,7 +299,9 @@ fn a_training_loop_behind_a_long_op_keeps_getting_its_units() {
         let mem = engine.new_resource("mem", 2);
         let loader = engine.new_var();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
-        engine.push(&[], &[&loader], move |_| Ok(rx.recv()?)).unwrap();
+        engine
+            .push(&[], &[&loader], move |_| Ok(rx.recv()?))
+            .unwrap();
         for _ in 0..5 {
             let buffer = engine.var(vec![0u8; 1024]);
             engine

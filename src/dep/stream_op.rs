@@ -6,7 +6,9 @@
 //!    enqueues); record the op's fence after it; publish the fence in the
 //!    variables; give the variables back. The op's units stay taken.
 //! 2. *Complete*, when the device's poller completed the fence: give the
-//!    units back, resolve the handle, retire the op.
+//!    units back (and, if the work failed, take back those handed on to the
+//!    outputs: a failed op hands nothing on, on a device as on the host),
+//!    resolve the handle, retire the op.
 //!
 //! A host op on an engine with stream devices waits (parked) for the fences
 //! on its variables before it runs (see `poison`).
@@ -26,13 +28,15 @@ use super::ctx::Env;
 use super::future::{discard_body, run_body};
 use super::host::Host;
 use super::lifecycle::{
-    Outcome, abandon, dropping_failed, finish, hand_on, host, lease_dropped, release_edges, retire,
-    skip,
+    Outcome, abandon, dropping_failed, finish, host, lease_dropped, release_edges, retire, skip,
 };
 use super::output::Output;
+use super::units::{Deferred, OpUnits};
+use crate::core::few::Few;
 use crate::device::poller::Entry;
 use crate::device::{Fence, Stream, StreamDevice};
 use crate::error::{Error, FailureKind};
+use crate::resource::Revocable;
 
 impl OpBlock {
     /// Puts stream waits on `lane` of `device` (the op's) for that device's
@@ -80,9 +84,9 @@ impl OpBlock {
     }
 
     /// The enqueue half's end: keeps aside the units to give back later
-    /// (handing lasting ones on unless the body failed), and gives the
-    /// variables back. A failed body poisons through the fence, once the
-    /// fences before it are known (an input's failure comes first).
+    /// (handing lasting ones on, revocably, unless the body failed), and
+    /// gives the variables back. A failed body poisons through the fence,
+    /// once the fences before it are known (an input's failure comes first).
     fn release_enqueued<H: Host>(&self, body_failed: bool, host: &H) {
         if let Some(units) = self.units() {
             if body_failed {
@@ -90,19 +94,54 @@ impl OpBlock {
             }
             if units.is_held() {
                 // SAFETY: the op still holds its grants (released below).
-                units.defer(unsafe { hand_on(self, units) });
+                units.defer(unsafe { hand_on_revocably(self, units) });
             }
         }
         release_edges(self, host);
     }
 
-    /// The complete half: gives the units back and retires the op.
-    fn complete_on_device<H: Host>(&self, host: &H) {
+    /// The complete half: takes back the units handed on if the device work
+    /// `failed`, gives the rest back, and retires the op.
+    fn complete_on_device<H: Host>(&self, failed: bool, host: &H) {
         if let Some(units) = self.units() {
-            host.give_back_units(&units.take_deferred());
+            let deferred = units.take_deferred();
+            if failed {
+                deferred.revocable.iter().for_each(Revocable::revoke);
+            }
+            host.give_back_units(&deferred.returns);
         }
         retire(self, host);
     }
+}
+
+/// As `lifecycle::hand_on`, for an op whose device work may still fail:
+/// the outputs hold their units revocably, and the op keeps what it needs
+/// to take them back.
+///
+/// # Safety
+///
+/// `units` are `op`'s, and `op` still holds its write grants.
+unsafe fn hand_on_revocably(op: &OpBlock, units: &OpUnits) -> Deferred {
+    let mut deferred = Deferred {
+        returns: units.returns(),
+        revocable: Few::default(),
+    };
+    if units.is_failed() {
+        return deferred;
+    }
+    for l in &units.lasting {
+        let resource = units.resource(l.demand);
+        let var = &op.edges()[l.edge].var;
+        deferred.returns[l.demand].1 -= l.amount;
+        let held = Revocable::new(resource.clone(), var.id(), l.amount);
+        // SAFETY: the op holds the write grant on `var` (allocations go to
+        // mutated variables only; checked at push).
+        if let Some(old) = unsafe { var.hold_revocable_units(&held) } {
+            deferred.returns.push((resource.pool(), old));
+        }
+        deferred.revocable.push(held);
+    }
+    deferred
 }
 
 /// The future of an op on a stream device.
@@ -200,7 +239,7 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
                 Err(Error::Failed(failure))
             }
         };
-        op.complete_on_device(host);
+        op.complete_on_device(result.is_err(), host);
         Poll::Ready(result)
     }
 }
@@ -288,7 +327,8 @@ impl<B: Body, H: Host> Drop for StreamOpFuture<B, H> {
                 abandon(op, host);
             }
             // Dropped while its work runs: count it out now rather than never
-            // (the body's value first, as `discard_body` drops a body).
+            // (how the work ends is not known: its outputs keep their units;
+            // the body's value first, as `discard_body` drops a body).
             Stage::Enqueued(..) => {
                 let stage = std::mem::replace(&mut self.stage, Stage::Finished);
                 let dropped =
@@ -296,7 +336,7 @@ impl<B: Body, H: Host> Drop for StreamOpFuture<B, H> {
                 if let Err(payload) = dropped {
                     host.record_failure(dropping_failed(op, "its output", payload));
                 }
-                op.complete_on_device(host);
+                op.complete_on_device(false, host);
             }
         }
     }

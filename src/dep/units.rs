@@ -14,7 +14,7 @@
 //! | `demands` (amounts), `resources`, `lasting` | the builder, before push | anyone |
 //! | `demands` (tickets) | the pusher, under the push lock | the broker |
 //! | `held`, `skipped`, `failed` | the op's lifecycle, in order (`Relaxed`: each hand-off between threads orders them) | the same |
-//! | `deferred` | a stream op's enqueue half, then its completion | the same |
+//! | `deferred` (units to give back, and to take back on failure) | a stream op's enqueue half, then its completion | the same |
 
 // `unsafe`: handing units on to outputs under the op's write grants; each block says why it is
 // sound.
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use crate::core::few::Few;
 use crate::core::tickets::Demand;
 use crate::loom::sync::Mutex;
-use crate::resource::Resource;
+use crate::resource::{Resource, Revocable};
 
 /// Units to give back: (pool, amount) pairs.
 pub(crate) type Returns = Few<(usize, u64)>;
@@ -54,8 +54,18 @@ pub(crate) struct OpUnits {
     /// The op failed: nothing is handed on.
     failed: AtomicBool,
     /// On a stream device: the units to give back once the op's device
-    /// work is done (its outputs took theirs when the work was enqueued).
-    deferred: Mutex<Returns>,
+    /// work is done (its outputs took theirs when the work was enqueued),
+    /// and those the outputs took, to take back if that work fails.
+    deferred: Mutex<Deferred>,
+}
+
+/// What a stream op keeps aside from enqueuing its work to completing.
+#[derive(Default)]
+pub(crate) struct Deferred {
+    /// Units to give back when the work is done.
+    pub(crate) returns: Returns,
+    /// Units handed on to the outputs, taken back if the work fails.
+    pub(crate) revocable: Few<Revocable>,
 }
 
 impl Default for OpUnits {
@@ -67,7 +77,7 @@ impl Default for OpUnits {
             held: AtomicBool::new(false),
             skipped: AtomicBool::new(false),
             failed: AtomicBool::new(false),
-            deferred: Mutex::new(Few::default()),
+            deferred: Mutex::new(Deferred::default()),
         }
     }
 }
@@ -175,13 +185,13 @@ impl OpUnits {
         self.failed.store(true, Relaxed);
     }
 
-    /// Keeps `returns` aside until the op's device work is done.
-    pub(super) fn defer(&self, returns: Returns) {
-        *self.deferred.lock() = returns;
+    /// Keeps `deferred` aside until the op's device work is done.
+    pub(super) fn defer(&self, deferred: Deferred) {
+        *self.deferred.lock() = deferred;
     }
 
-    /// The units kept aside by `defer`.
-    pub(super) fn take_deferred(&self) -> Returns {
+    /// What `defer` kept aside.
+    pub(super) fn take_deferred(&self) -> Deferred {
         std::mem::take(&mut *self.deferred.lock())
     }
 

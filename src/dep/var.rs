@@ -41,7 +41,7 @@ use crate::core::chain::Chain;
 use crate::device::VarFences;
 use crate::error::{OpFailure, VarId, names};
 use crate::loom::cell::UnsafeCell;
-use crate::resource::{Held, Resource};
+use crate::resource::{Held, Resource, Revocable};
 
 /// Variable ids are unique across all engines of the process, so that a
 /// [`VarKey`] can never be mistaken for another variable.
@@ -192,6 +192,21 @@ impl VarCore {
             .held
             // SAFETY: a granted write is exclusive.
             .with_mut(|held| unsafe { (*held).replace(resource, amount) })
+    }
+
+    /// Makes the variable hold `units` (a stream op's, which it takes back
+    /// if its device work fails), replacing what it held of their resource,
+    /// whose amount is returned (to give back).
+    ///
+    /// # Safety
+    ///
+    /// As for [`hold_units`](Self::hold_units).
+    pub(crate) unsafe fn hold_revocable_units(&self, units: &Revocable) -> Option<u64> {
+        self.chain
+            .payload()
+            .held
+            // SAFETY: a granted write is exclusive.
+            .with_mut(|held| unsafe { (*held).replace_revocable(units) })
     }
 
     /// Takes every unit the variable holds (it is being deleted); they go
@@ -387,6 +402,14 @@ impl<T> Var<T> {
 
     /// How many mutations of this variable have completed (successful, failed
     /// or skipped alike): it grows by one with each.
+    ///
+    /// A mutation counts when its op hands the variable on to the next ops:
+    /// on the host, when the op completes; on a stream device, as soon as
+    /// its body has enqueued its device work, *before that work is done*
+    /// (the next ops on the variable are ordered after it all the same: on
+    /// the device by the stream, on the host by waiting for it). To know
+    /// the device work is done as well, wait for the op's handle or for the
+    /// variable ([`Engine::wait_for_var`](crate::Engine::wait_for_var)).
     pub fn version(&self) -> u64 {
         self.inner.core.version()
     }

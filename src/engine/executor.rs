@@ -27,6 +27,11 @@ impl Work for Runner {
         // Free what ops run on this worker pushed and have finished.
         reclaim::collect();
     }
+
+    #[inline]
+    fn in_body() -> bool {
+        crate::dep::in_op()
+    }
 }
 
 /// A device's executor, built: the pool is dispatched statically (it is the
@@ -135,7 +140,8 @@ impl Executor {
     }
 
     /// A work-stealing pool of `threads` CPU worker threads. Ready ops with a
-    /// higher [priority](crate::OpBuilder::priority) run before lower ones.
+    /// higher [priority](crate::OpBuilder::priority) run before lower ones,
+    /// with bounded overtaking (priorities age; see there).
     pub fn pool(threads: usize) -> Self {
         Self::of(ExecutorKind::Pool(threads))
     }

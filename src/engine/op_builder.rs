@@ -133,6 +133,39 @@ impl<'a> OpBuilder<'a> {
 
     /// A priority among ready ops (default 0; higher runs first). Honoured by
     /// the pool executor; it never overrides dependencies.
+    ///
+    /// The rule, on a pool: a ready op of positive priority runs before any
+    /// ready op of priority 0, and those before any of negative priority;
+    /// but no op waits forever behind others that keep coming:
+    ///
+    /// - priorities *age*: an op of non-zero priority stands one priority
+    ///   level higher, among those of its sign, for every 64 ops of non-zero
+    ///   priority made ready after it (so equal priorities run in the order
+    ///   they became ready, and a priority-1 op runs before priority-5 ops
+    ///   made ready 256 or more such ops after it);
+    /// - a ready op of negative priority is passed over by at most 64 picks
+    ///   of other work by the pool's workers: then the next worker to look
+    ///   for work takes the first of them (sooner if a worker finds nothing
+    ///   else to do).
+    ///
+    /// A steady supply of positive-priority ops still delays priority-0
+    /// ones (a worker looks at the ops pushed from outside the pool first
+    /// only on every 61st pick): keep positive priorities for short, urgent
+    /// work.
+    ///
+    /// ```
+    /// let engine = depflow::Engine::builder().threads(1).build()?;
+    /// let (log, late) = (engine.var(Vec::new()), engine.new_var());
+    /// let k = log.key();
+    /// // Runs when nothing else is ready, or after at most 64 other picks.
+    /// engine.op().mutates(&[&late]).priority(-1).run(|_| Ok(()))?;
+    /// engine.op().mutates(&[&log]).priority(10).run(move |ctx| {
+    ///     ctx.write(k)?.push("urgent");
+    ///     Ok(())
+    /// })?;
+    /// engine.wait_all().wait()?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
     #[inline]
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
@@ -177,7 +210,11 @@ impl<'a> OpBuilder<'a> {
 
     /// Units of `resource` the op needs while it runs, given back when it
     /// completes. The op starts only once all its variables allow it *and*
-    /// all its units are free; it takes them all at once.
+    /// all its units are free; it takes them all at once. It may take them
+    /// ahead of older ops that wait for theirs: so its body must not wait
+    /// for an older op that needs units of the same resource (await its
+    /// handle, say) — declare that dependency through a variable instead;
+    /// see [`Resource`] for the exact condition.
     ///
     /// # Errors
     ///
@@ -210,7 +247,9 @@ impl<'a> OpBuilder<'a> {
     /// variables it mutates (the buffer it fills): `output` holds them from
     /// the op's completion until it is deleted or dropped, or a later op
     /// allocates it again (which replaces them). If the op fails, they come
-    /// back at once.
+    /// back at once. (On a stream device `output` holds them from when the
+    /// op's work is enqueued; if that work fails, they come back when the
+    /// failure is known, before the op's handle resolves.)
     ///
     /// Such an op waits for every op pushed before it that needs units of
     /// the same resource (see [`Resource`] on why this makes pipelines

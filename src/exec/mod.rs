@@ -58,6 +58,15 @@ pub(crate) trait Work: Send + Sized + 'static {
     /// Called on a pool worker before it parks (the engine frees there the
     /// ops that worker's jobs pushed).
     fn before_park() {}
+
+    /// Whether the calling thread is inside a job's body, which goes on
+    /// running after it made another job ready (an op pushed from inside an
+    /// op): the pool then does not keep the new job in the worker's private
+    /// slot, where it would wait for that body.
+    #[inline]
+    fn in_body() -> bool {
+        false
+    }
 }
 
 /// What the engine asks of an executor.

@@ -6,12 +6,23 @@
 //!   crossing threads. The slot's previous occupant moves to the deque, where
 //!   other workers can steal it. A worker takes the LIFO slot at most
 //!   `LIFO_STREAK` times in a row, so older work is not starved.
+//! - An op made ready by a job *while its body runs* (pushed from inside an
+//!   op, say) would wait in the slot for as long as that body keeps the
+//!   worker (nobody else can take it from there): it goes to the deque
+//!   instead, and a parked worker is woken to steal it (`Work::in_body`
+//!   tells).
 //! - Ops made ready on other threads (the pushing thread, a timer) go to the
 //!   shared injector.
-//! - Ops with a non-zero priority go to a shared heap: positive priorities run
-//!   before any other ready op, negative ones after; equal priorities in the
-//!   order they became ready. Priorities only order *ready* ops; they never
-//!   override dependencies.
+//! - Ops with a non-zero priority go to two shared heaps, by sign: positive
+//!   priorities run before any other ready op, negative ones after. Within a
+//!   heap, priorities age: an op's standing rises by one priority level for
+//!   every `AGE` ops that enter the heaps after it, so equal priorities run
+//!   in the order they became ready and a steady supply of higher ones
+//!   cannot hold a lower one back forever. And negative ones are not starved
+//!   by priority-0 work: when workers have passed the first of them over
+//!   `NEGATIVE_PASSES` times (taking other work), the next worker to look
+//!   takes it. Priorities only order *ready* ops; they never override
+//!   dependencies.
 //! - A worker without work spins a little (yielding the CPU), then parks.
 //!   Making work available wakes a parked worker only when no worker is
 //!   already searching; a searcher that finds work wakes the next one if work
@@ -45,6 +56,12 @@ const LIFO_STREAK: u32 = 64;
 const SPIN_ROUNDS: u32 = 64;
 /// Every this many ops a worker looks at the shared queues first (fairness).
 const GLOBAL_CHECK_INTERVAL: u32 = 61;
+/// How many ops entering a priority heap after an op raise its standing
+/// there by one priority level.
+const AGE: i64 = 64;
+/// How many times workers may take other work over the first ready op of
+/// negative priority before one must take it.
+const NEGATIVE_PASSES: u32 = 64;
 
 pub(crate) struct Pool<W> {
     shared: Arc<PoolShared<W>>,
@@ -61,7 +78,8 @@ struct PoolShared<W> {
     num_idle: AtomicUsize,
     /// Workers awake and looking for work.
     searching: AtomicUsize,
-    prio: Mutex<PrioHeap<W>>,
+    prio: Mutex<PrioHeaps<W>>,
+    /// Ops in both heaps.
     prio_len: AtomicUsize,
     stop: AtomicBool,
 }
@@ -72,14 +90,25 @@ struct Sleeper {
     thread: OnceLock<Thread>,
 }
 
-struct PrioHeap<W> {
-    heap: BinaryHeap<Prioritized<W>>,
+/// Ready ops of non-zero priority.
+struct PrioHeaps<W> {
+    /// Positive priorities: run before any other ready op.
+    ahead: BinaryHeap<Prioritized<W>>,
+    /// Negative priorities: run when there is nothing else, or when passed
+    /// over `NEGATIVE_PASSES` times.
+    behind: BinaryHeap<Prioritized<W>>,
+    /// How many ops entered a heap so far: the next one's `seq`.
     seq: u64,
+    /// How many times workers took other work over the first of `behind`
+    /// since one of it last ran.
+    passes: u32,
 }
 
 struct Prioritized<W> {
-    priority: i32,
-    seq: u64,
+    /// Its standing: its priority, aged by how many ops entered the heaps
+    /// before it (`priority * AGE - seq`: higher first; fixed, since all
+    /// age alike).
+    rank: i64,
     job: W,
 }
 
@@ -96,10 +125,9 @@ impl<W> PartialOrd for Prioritized<W> {
 }
 impl<W> Ord for Prioritized<W> {
     fn cmp(&self, other: &Self) -> CmpOrdering {
-        // Higher priority first; among equals, the one that became ready first.
-        self.priority
-            .cmp(&other.priority)
-            .then_with(|| other.seq.cmp(&self.seq))
+        // Higher standing first; among equal priorities, the one that became
+        // ready first (its `seq` is lower).
+        self.rank.cmp(&other.rank)
     }
 }
 
@@ -136,9 +164,11 @@ impl<W: Work> Pool<W> {
             idle: Mutex::new(Vec::with_capacity(threads)),
             num_idle: AtomicUsize::new(0),
             searching: AtomicUsize::new(0),
-            prio: Mutex::new(PrioHeap {
-                heap: BinaryHeap::new(),
+            prio: Mutex::new(PrioHeaps {
+                ahead: BinaryHeap::new(),
+                behind: BinaryHeap::new(),
                 seq: 0,
+                passes: 0,
             }),
             prio_len: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
@@ -209,8 +239,10 @@ impl<W: Work> Queue<W> for Pool<W> {
         // lives on its stack for as long as it runs jobs; this call comes
         // from one of those jobs, on that thread.
         let local = unsafe { &*local.cast::<Local<W>>() };
-        if yielded {
-            // A yielding job goes behind the others.
+        if yielded || W::in_body() {
+            // A yielding job goes behind the others; one made ready by a body
+            // that goes on running must not wait for it in the slot, where
+            // no other worker can take it.
             local.deque.push(job);
         } else if let Some(previous) = local.lifo.replace(Some(job)) {
             local.deque.push(previous);
@@ -406,20 +438,38 @@ impl<W: Work> PoolShared<W> {
 
     fn push_prio(&self, job: W, priority: i32) {
         let mut prio = self.prio.lock();
-        prio.seq += 1;
         let seq = prio.seq;
-        prio.heap.push(Prioritized { priority, seq, job });
+        prio.seq += 1;
+        // Saturating: a heap that saw 2^63 ops keeps its order roughly.
+        let rank = (i64::from(priority) * AGE).saturating_sub(seq.min(i64::MAX as u64) as i64);
+        let entry = Prioritized { rank, job };
+        if priority > 0 {
+            prio.ahead.push(entry);
+        } else {
+            prio.behind.push(entry);
+        }
         self.prio_len.fetch_add(1, SeqCst);
     }
 
-    /// Pops the highest-priority op; with `positive_only`, only if its
-    /// priority is above the default (0).
-    fn pop_prio(&self, positive_only: bool) -> Option<W> {
+    /// Pops the first op of positive priority. With `first`, the worker has
+    /// not looked for other work yet: then, if there is none of positive
+    /// priority, it passes the first negative one over, unless that one was
+    /// passed over `NEGATIVE_PASSES` times already (then it pops it). Without
+    /// `first` (the worker found nothing else), pops the first of either.
+    fn pop_prio(&self, first: bool) -> Option<W> {
         let mut prio = self.prio.lock();
-        if positive_only && prio.heap.peek()?.priority <= 0 {
-            return None;
-        }
-        let job = prio.heap.pop()?;
+        let job = match prio.ahead.pop() {
+            Some(job) => job,
+            None if prio.behind.is_empty() => return None,
+            None if first && prio.passes < NEGATIVE_PASSES => {
+                prio.passes += 1;
+                return None;
+            }
+            None => {
+                prio.passes = 0;
+                prio.behind.pop()?
+            }
+        };
         self.prio_len.fetch_sub(1, SeqCst);
         Some(job.job)
     }

@@ -11,7 +11,10 @@
 //! keeps the accounts (a `core::tickets` broker over its
 //! ops), which a resource reaches through its [`Ledger`]: see `tickets` for
 //! the granting order and why it cannot deadlock a program that fits when run
-//! serially.
+//! serially (unless an op waits inside its body, holding units, for an op
+//! that needs them: [`Resource`] states the condition). A stream op hands
+//! its allocated units on when it enqueues its work, [`Revocable`]ly: they
+//! come back if the work fails.
 //!
 //! May import: `crate::loom`, `crate::error`. Knows no op: what an op asks for is the
 //! dependency layer's (`dep::units`), who grants it the engine's.
@@ -21,7 +24,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::VarId;
-use crate::loom::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::loom::sync::atomic::{
+    AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed},
+};
 
 /// Where a resource's units are accounted: the engine's broker, which hands
 /// what a returned unit makes room for to its executors.
@@ -47,6 +53,47 @@ pub(crate) trait Ledger: Send + Sync {
 /// they run or hand on to the variables they allocate.
 ///
 /// Cheap to clone. Made by [`Engine::new_resource`](crate::Engine::new_resource).
+///
+/// # When a program cannot deadlock on units
+///
+/// Ops that [allocate](crate::OpBuilder::allocates) are granted their units
+/// in push order; ops that only [use](crate::OpBuilder::uses) units may
+/// take them ahead of older ops still waiting for theirs (which lets more
+/// programs complete). Hence: **a program that fits when run serially, in
+/// push order, never deadlocks — provided no op waits inside its body,
+/// while it holds units, for another op that needs units of the same
+/// resource.** The engine cannot see such a wait (an async body awaiting
+/// another op's handle, a `wait_for_var` or `wait_all`; any body blocking on
+/// a channel or lock another op fills). If the op waited for is older and
+/// needs some of the units the waiting op took ahead of it, each waits for
+/// the other, although serially (the older op first) the program fits.
+/// Declare such a dependency through a variable instead: an op that reads
+/// a variable the other mutates is granted, and takes its units, only
+/// after the other completed. With
+/// [`track_ops`](crate::EngineBuilder::track_ops),
+/// [`Engine::diagnostics`](crate::Engine::diagnostics) names the suspects:
+/// ops awaiting inside their body while holding units a parked op needs.
+///
+/// ```
+/// use depflow::{Engine, Error};
+///
+/// let engine = Engine::new();
+/// let memory = engine.new_resource("memory", 2);
+/// let (a, b) = (engine.new_var(), engine.new_var());
+/// let older = engine.op().mutates(&[&a]).uses(&memory, 2).run(|_| Ok(()))?;
+/// // Waits for `older` through `a`, not by awaiting its handle while
+/// // holding a unit `older` may still need.
+/// engine
+///     .op()
+///     .reads(&[&a])
+///     .mutates(&[&b])
+///     .uses(&memory, 1)
+///     .run_async(move |_| async move { Ok::<_, depflow::BoxError>(older.await?) })?
+///     .wait()?;
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// # Example
 ///
 /// ```
 /// use depflow::{Engine, Error};
@@ -188,7 +235,29 @@ impl fmt::Debug for Resource {
 #[derive(Debug)]
 pub(crate) struct Held {
     holder: VarId,
-    units: Vec<(Resource, u64)>,
+    units: Vec<(Resource, Amount)>,
+}
+
+/// How many units a [`Held`] holds of one resource.
+#[derive(Debug)]
+enum Amount {
+    /// Its own (an op on the host, which completed, handed them on).
+    Own(u64),
+    /// Shared with the stream op that handed them on before its device
+    /// work completed, which takes them back ([`Revocable::revoke`]) if that
+    /// work fails: whoever of the two swaps the amount out first gives it
+    /// back.
+    Revocable(Arc<AtomicU64>),
+}
+
+impl Amount {
+    /// Takes the units out (to give back): 0 if revoked already.
+    fn take(&mut self) -> u64 {
+        match self {
+            Amount::Own(n) => std::mem::take(n),
+            Amount::Revocable(n) => n.swap(0, AcqRel),
+        }
+    }
 }
 
 impl Held {
@@ -203,11 +272,26 @@ impl Held {
     /// Holds `amount` units of `resource`, instead of what was held of it;
     /// returns the amount replaced (to give back).
     pub(crate) fn replace(&mut self, resource: &Resource, amount: u64) -> Option<u64> {
+        self.put(resource, amount, Amount::Own(amount))
+    }
+
+    /// Holds the units of `units`, instead of what was held of its resource,
+    /// until they are revoked; returns the amount replaced (to give back).
+    pub(crate) fn replace_revocable(&mut self, units: &Revocable) -> Option<u64> {
+        let amount = units.units.load(Acquire);
+        self.put(
+            &units.resource,
+            amount,
+            Amount::Revocable(units.units.clone()),
+        )
+    }
+
+    fn put(&mut self, resource: &Resource, amount: u64, new: Amount) -> Option<u64> {
         resource.note_holder(self.holder, amount);
         match self.units.iter_mut().find(|(r, _)| r == resource) {
-            Some((_, units)) => Some(std::mem::replace(units, amount)),
+            Some((_, held)) => Some(std::mem::replace(held, new).take()),
             None => {
-                self.units.push((resource.clone(), amount));
+                self.units.push((resource.clone(), new));
                 None
             }
         }
@@ -216,9 +300,47 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        for (resource, units) in self.units.drain(..) {
+        for (resource, mut units) in self.units.drain(..) {
             resource.note_holder(self.holder, 0);
-            resource.give_back(units);
+            match units.take() {
+                0 => {} // revoked
+                units => resource.give_back(units),
+            }
+        }
+    }
+}
+
+/// Units a stream op handed on to a variable (`holder`) when it enqueued
+/// its device work, which it takes back if that work fails: as a host op
+/// that fails hands nothing on. Cheap to clone (the variable's [`Held`]
+/// shares the count).
+#[derive(Clone, Debug)]
+pub(crate) struct Revocable {
+    resource: Resource,
+    holder: VarId,
+    units: Arc<AtomicU64>,
+}
+
+impl Revocable {
+    /// `amount` units of `resource`, to be held by `holder`.
+    pub(crate) fn new(resource: Resource, holder: VarId, amount: u64) -> Self {
+        Self {
+            resource,
+            holder,
+            units: Arc::new(AtomicU64::new(amount)),
+        }
+    }
+
+    /// Gives the units back now, unless the variable gave them back already
+    /// (it was deleted, dropped, or allocated again).
+    pub(crate) fn revoke(&self) {
+        let units = self.units.swap(0, AcqRel);
+        if units != 0 {
+            // (A later op allocating the same variable at this very moment
+            // may register its own amount just before this: the register
+            // is for diagnostics only.)
+            self.resource.note_holder(self.holder, 0);
+            self.resource.give_back(units);
         }
     }
 }

@@ -34,6 +34,15 @@ use crate::error::VarId;
 /// `after it` waits for variables: `activations` (var#1) (after `needs memory`); pushed 3.8s ago
 /// ```
 ///
+/// An op awaiting inside its body while it holds units that a parked op
+/// needs is named as a possible deadlock (if it waits for that op, neither
+/// can go on: see [`Resource`](crate::Resource) for the condition under
+/// which a program that fits serially cannot deadlock):
+///
+/// ```text
+/// possible deadlock: `fetch` awaits inside its body holding 1 of `memory`, which `needs memory` waits for: ...
+/// ```
+///
 /// (Variables print by name if they have one, see
 /// [`Engine::var_named`](crate::Engine::var_named); unnamed ops as `op #N`,
 /// their place in push order.)
@@ -230,6 +239,41 @@ impl OpReport {
     }
 }
 
+impl Diagnostics {
+    /// Ops awaiting inside their body while they hold units of a resource
+    /// that a parked op needs more of than are free: (the awaiting op's
+    /// label, the resource, the units it holds, the parked op's label). If
+    /// the awaiting op waits for the parked one, neither can go on: the
+    /// documented limit of the deadlock-freedom guarantee (`core::tickets`).
+    /// Known only if the engine tracks its ops.
+    fn units_awaited_on(&self) -> Vec<(String, &str, u64, String)> {
+        let Some(ops) = &self.tracked else {
+            return Vec::new();
+        };
+        let awaiting: Vec<String> = ops
+            .iter()
+            .filter(|op| op.state == OpState::Awaiting)
+            .map(OpReport::label)
+            .collect();
+        let mut found = Vec::new();
+        for r in &self.resources {
+            for (holder, units) in &r.held_by_ops {
+                if !awaiting.contains(holder) {
+                    continue;
+                }
+                for op in ops {
+                    if let OpState::Units(needs) = &op.state
+                        && needs.iter().any(|(name, n)| *name == r.name && *n > r.free)
+                    {
+                        found.push((holder.clone(), r.name.as_str(), *units, op.label()));
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
 /// For tracked ops waiting on variables (push order): per variable, the
 /// earlier unfinished ops it conflicts with there.
 pub(crate) fn blockers(ops: &mut [OpReport]) {
@@ -316,6 +360,15 @@ impl fmt::Display for Diagnostics {
                 Some(waited) => writeln!(f, "; pushed {waited:.1?} ago")?,
                 None => writeln!(f)?,
             }
+        }
+        for (holder, resource, units, parked) in self.units_awaited_on() {
+            writeln!(
+                f,
+                "possible deadlock: {holder} awaits inside its body holding {units} of \
+                 `{resource}`, which {parked} waits for: if {holder} waits for {parked} (its \
+                 handle, a wait that covers it, or anything it produces), neither can go on; \
+                 declare that dependency through a variable instead (see `Resource`)"
+            )?;
         }
         if self.tracked.is_none() {
             writeln!(
