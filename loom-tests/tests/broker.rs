@@ -233,36 +233,3 @@ fn seed_003_completes_with_the_next_micro_batch() {
         assert_eq!(world.broker.pools()[0].free, 2);
     });
 }
-
-/// A request short of two pools is parked at the first and moves to the
-/// second when the first's units come back; releases of both pools race
-/// each other and a younger request for the second pool alone. Each
-/// request runs exactly once, never over a capacity, and every unit comes
-/// back.
-#[test]
-fn a_request_short_of_two_pools_moves_between_them() {
-    loom::model(|| {
-        let world = World::new(&[1, 1], 4);
-        // Requests 0 and 1 hold both pools' units.
-        world.request(req(0, &[(0, 1, false, 0)]), &|_, _| {});
-        world.request(req(1, &[(1, 1, false, 0)]), &|_, _| {});
-        // Request 2 needs both: parked at pool 0.
-        world.request(req(2, &[(0, 1, false, 1), (1, 1, false, 1)]), &give_back);
-        let p = thread::spawn({
-            let world = world.clone();
-            move || world.release(&[(0, 1)], &give_back)
-        });
-        let q = thread::spawn({
-            let world = world.clone();
-            move || world.release(&[(1, 1)], &give_back)
-        });
-        world.request(req(3, &[(1, 1, false, 2)]), &give_back);
-        p.join().unwrap();
-        q.join().unwrap();
-        for id in 2..4 {
-            assert_eq!(world.ran(id), 1, "request {id} never ran");
-        }
-        let pools = world.broker.pools();
-        assert_eq!((pools[0].free, pools[1].free), (1, 1));
-    });
-}

@@ -62,29 +62,12 @@
 //! `Engine::diagnostics` names the suspects: ops awaiting inside their body
 //! while holding units that a parked op needs.
 //!
-//! # Where parked requests wait
-//!
-//! A request that does not fit parks at its *first unmet demand*: in the
-//! pool's `short` list (arrival order) if it needs more units than are free
-//! there, or in its `later` map (by ticket) if it is lasting and its turn
-//! has not come. Only a release to a pool can make its `short` requests fit,
-//! and only a move of its `base` its `later` ones; so a release or a grant
-//! looks only at the pools it changed, and at the requests parked there that
-//! may fit now (a pass over `short` stops when no unit is left, and is
-//! skipped while fewer units are free than the smallest request there asks).
-//! A request that fits a pool but not another moves to the other's list.
-//! Requests parked on an exhausted pool thus cost nothing to the traffic of
-//! other pools. The granting rules above are unchanged: a request is
-//! granted as soon as all its demands are met (lasting ones in ticket
-//! order); among those a release makes fit on one pool, the oldest arrival
-//! first.
-//!
 //! The state is one mutex per engine: requests and releases are short
 //! critical sections that never run an op, wake a thread or drop user data
 //! (granted requests are handed back to the caller to dispatch after the lock
 //! is released).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::few::Few;
@@ -145,7 +128,7 @@ pub struct PoolState {
     pub base: u64,
 }
 
-struct Pool<W> {
+struct Pool {
     name: String,
     capacity: u64,
     free: u64,
@@ -154,19 +137,9 @@ struct Pool<W> {
     /// Tickets from `base` on, granted out of order: `granted[i]` is ticket
     /// `base + i`.
     granted: VecDeque<bool>,
-    /// Parked requests whose first unmet demand is for more of this pool's
-    /// units than are free, in arrival order.
-    short: VecDeque<Parked<W>>,
-    /// At most the fewest units a request in `short` asks of this pool
-    /// (exact after a full pass over `short`): while fewer are free, no pass
-    /// is needed.
-    short_min: u64,
-    /// Parked requests whose first unmet demand is a lasting one on this
-    /// pool whose turn has not come (its ticket is above `base`), by ticket.
-    later: BTreeMap<u64, Parked<W>>,
 }
 
-impl<W> Pool<W> {
+impl Pool {
     fn mark(&mut self, ticket: u64) {
         debug_assert!(ticket >= self.base, "ticket {ticket} granted twice");
         if ticket == self.base && self.granted.is_empty() {
@@ -186,32 +159,11 @@ impl<W> Pool<W> {
     }
 }
 
-/// A parked request, with its place in arrival order.
-struct Parked<W> {
-    arrival: u64,
-    w: W,
-}
-
-/// Why a request does not fit: its first unmet demand.
-#[derive(Clone, Copy)]
-struct Unmet {
-    pool: usize,
-    /// The units it asks of that pool.
-    amount: u64,
-    /// It is lasting and its turn has not come (else: too few units free).
-    turn: bool,
-}
-
 struct State<W> {
-    pools: Vec<Pool<W>>,
-    /// Requests parked, over all pools.
-    parked: usize,
-    /// The next parked request's place in arrival order.
-    arrivals: u64,
-    /// Pools whose parked requests may fit now (units came back, or `base`
-    /// moved while `later` is not empty); emptied before the lock is
-    /// released (kept to reuse its allocation).
-    dirty: Vec<usize>,
+    pools: Vec<Pool>,
+    /// Requests whose variables granted them but whose units are not free, in
+    /// arrival order.
+    waiting: VecDeque<W>,
 }
 
 /// The pools of one engine and the requests waiting for them.
@@ -224,7 +176,7 @@ impl<W> std::fmt::Debug for Broker<W> {
         let state = self.state.lock();
         f.debug_struct("Broker")
             .field("pools", &state.pools.len())
-            .field("waiting", &state.parked)
+            .field("waiting", &state.waiting.len())
             .finish()
     }
 }
@@ -234,9 +186,7 @@ impl<W> Default for Broker<W> {
         Self {
             state: Mutex::new(State {
                 pools: Vec::new(),
-                parked: 0,
-                arrivals: 0,
-                dirty: Vec::new(),
+                waiting: VecDeque::new(),
             }),
         }
     }
@@ -256,9 +206,6 @@ impl<W: Request> Broker<W> {
             free: capacity,
             base: 0,
             granted: VecDeque::new(),
-            short: VecDeque::new(),
-            short_min: u64::MAX,
-            later: BTreeMap::new(),
         });
         state.pools.len() - 1
     }
@@ -268,18 +215,12 @@ impl<W: Request> Broker<W> {
     pub fn request(&self, w: W) -> Granted<W> {
         let mut granted = Granted::default();
         let mut state = self.lock();
-        match state.unmet(&w) {
-            None => {
-                state.take(&w);
-                granted.push(w);
-                state.settle(&mut granted);
-            }
-            Some(unmet) => {
-                let arrival = state.arrivals;
-                state.arrivals += 1;
-                state.parked += 1;
-                state.park(Parked { arrival, w }, unmet);
-            }
+        if state.fits(&w) {
+            state.take(&w);
+            granted.push(w);
+            state.grant_waiting(&mut granted);
+        } else {
+            state.waiting.push_back(w);
         }
         granted
     }
@@ -290,13 +231,9 @@ impl<W: Request> Broker<W> {
         let mut granted = Granted::default();
         let mut state = self.lock();
         for d in demands {
-            let p = &mut state.pools[d.pool];
-            p.mark(d.ticket());
-            if !p.later.is_empty() {
-                state.dirty.push(d.pool);
-            }
+            state.pools[d.pool].mark(d.ticket());
         }
-        state.settle(&mut granted);
+        state.grant_waiting(&mut granted);
         granted
     }
 
@@ -308,11 +245,8 @@ impl<W: Request> Broker<W> {
             let p = &mut state.pools[pool];
             p.free += amount;
             debug_assert!(p.free <= p.capacity, "more units returned than taken");
-            if !p.short.is_empty() {
-                state.dirty.push(pool);
-            }
         }
-        state.settle(&mut granted);
+        state.grant_waiting(&mut granted);
         granted
     }
 
@@ -339,129 +273,49 @@ impl<W: Request> Broker<W> {
     /// Calls `f` on every parked request, oldest arrival first, under the
     /// broker's lock (so `f` must not call back into the broker).
     pub fn for_each_waiting(&self, mut f: impl FnMut(&W)) {
-        let state = self.lock();
-        let mut parked: Vec<&Parked<W>> = Vec::with_capacity(state.parked);
-        for p in &state.pools {
-            parked.extend(p.short.iter().chain(p.later.values()));
-        }
-        parked.sort_unstable_by_key(|p| p.arrival);
-        parked.into_iter().for_each(|p| f(&p.w));
+        self.lock().waiting.iter().for_each(&mut f);
     }
 }
 
 impl<W: Request> State<W> {
-    /// The first demand of `w` not met now, if any.
-    #[inline]
-    fn unmet(&self, w: &W) -> Option<Unmet> {
-        w.demands().iter().find_map(|d| {
+    fn fits(&self, w: &W) -> bool {
+        w.demands().iter().all(|d| {
             let p = &self.pools[d.pool];
-            let turn = d.lasting && d.ticket() != p.base;
-            (turn || p.free < d.amount).then_some(Unmet {
-                pool: d.pool,
-                amount: d.amount,
-                turn,
-            })
+            p.free >= d.amount && (!d.lasting || d.ticket() == p.base)
         })
     }
 
-    /// Takes `w`'s units; a pool whose `base` moves while a lasting request
-    /// waits for its turn there becomes dirty.
-    #[inline]
     fn take(&mut self, w: &W) {
         for d in w.demands() {
             let p = &mut self.pools[d.pool];
             p.free -= d.amount;
             p.mark(d.ticket());
-            if !p.later.is_empty() {
-                self.dirty.push(d.pool);
-            }
         }
     }
 
-    /// Parks a request where its first unmet demand is.
-    fn park(&mut self, parked: Parked<W>, unmet: Unmet) {
-        let p = &mut self.pools[unmet.pool];
-        if unmet.turn {
-            let ticket = parked
-                .w
-                .demands()
-                .iter()
-                .find(|d| d.pool == unmet.pool)
-                .map_or(0, Demand::ticket);
-            p.later.insert(ticket, parked);
-        } else {
-            p.short_min = p.short_min.min(unmet.amount);
-            // In arrival order: a request moved here from another pool is
-            // older than those that arrived since.
-            let at = p.short.partition_point(|q| q.arrival < parked.arrival);
-            p.short.insert(at, parked);
-        }
-    }
-
-    /// Grants parked requests that fit now, looking only at dirty pools
-    /// (and those their grants make dirty), until none is left.
-    fn settle(&mut self, granted: &mut Granted<W>) {
-        while let Some(pool) = self.dirty.pop() {
-            self.grant_turns(pool, granted);
-            self.grant_short(pool, granted);
-        }
-    }
-
-    /// Grants `pool`'s waiting lasting request whose turn has come, if any
-    /// (and the next, if granting it moved `base` on to it), or parks it
-    /// where its next unmet demand is.
-    fn grant_turns(&mut self, pool: usize, granted: &mut Granted<W>) {
+    /// Grants parked requests that fit, oldest first, until a pass grants
+    /// nothing (a grant can advance a pool's `base` and so unblock a lasting
+    /// request passed over earlier in the same pass).
+    fn grant_waiting(&mut self, granted: &mut Granted<W>) {
         loop {
-            let p = &mut self.pools[pool];
-            match p.later.first_key_value() {
-                Some((&ticket, _)) if ticket == p.base => {}
-                _ => return,
-            }
-            let (_, parked) = p.later.pop_first().expect("looked at just now");
-            self.place(parked, granted);
-        }
-    }
-
-    /// Grants the requests short of `pool`'s units that fit now, oldest
-    /// first; moves those that fit there but not elsewhere to where their
-    /// first unmet demand is.
-    fn grant_short(&mut self, pool: usize, granted: &mut Granted<W>) {
-        {
-            let p = &self.pools[pool];
-            if p.short.is_empty() || p.free < p.short_min {
-                return;
-            }
-        }
-        let mut fewest = u64::MAX;
-        let mut i = 0;
-        while i < self.pools[pool].short.len() {
-            if self.pools[pool].free == 0 {
-                return; // every demand is for one unit at least
-            }
-            match self.unmet(&self.pools[pool].short[i].w) {
-                Some(unmet) if unmet.pool == pool && !unmet.turn => {
-                    fewest = fewest.min(unmet.amount);
+            let mut progressed = false;
+            let mut i = 0;
+            while i < self.waiting.len() {
+                if self.pools.iter().all(|p| p.free == 0) {
+                    return; // every demand is for at least one unit
+                }
+                if self.fits(&self.waiting[i]) {
+                    let w = self.waiting.remove(i).expect("index in range");
+                    self.take(&w);
+                    granted.push(w);
+                    progressed = true;
+                } else {
                     i += 1;
                 }
-                _ => {
-                    let parked = self.pools[pool].short.remove(i).expect("index in range");
-                    self.place(parked, granted);
-                }
             }
-        }
-        self.pools[pool].short_min = fewest;
-    }
-
-    /// Grants a parked request if it fits, else parks it again where its
-    /// first unmet demand is.
-    fn place(&mut self, parked: Parked<W>, granted: &mut Granted<W>) {
-        match self.unmet(&parked.w) {
-            None => {
-                self.take(&parked.w);
-                self.parked -= 1;
-                granted.push(parked.w);
+            if !progressed {
+                return;
             }
-            Some(unmet) => self.park(parked, unmet),
         }
     }
 }
@@ -525,86 +379,6 @@ mod tests {
         assert_eq!(b.pools()[p].free, 2, "nothing taken while waiting");
         assert_eq!(names(b.release([(q, 2)])), ["pq"]);
         assert_eq!((b.pools()[p].free, b.pools()[q].free), (1, 1));
-    }
-
-    /// A request that counts how often the broker looks at it.
-    struct Counted(Vec<Demand>, std::rc::Rc<std::cell::Cell<u64>>);
-    impl Request for Counted {
-        fn demands(&self) -> &[Demand] {
-            self.1.set(self.1.get() + 1);
-            &self.0
-        }
-    }
-
-    #[test]
-    fn requests_parked_on_one_pool_are_not_looked_at_for_another() {
-        let b = Broker::default();
-        let (busy, free) = (b.add_pool("busy", 1), b.add_pool("free", 1));
-        let looks = std::rc::Rc::new(std::cell::Cell::new(0));
-        let req = |pool, ticket| Counted(vec![d(pool, 1, false, ticket)], looks.clone());
-        assert_eq!(b.request(req(busy, 0)).len(), 1);
-        for ticket in 1..=1000 {
-            assert!(b.request(req(busy, ticket)).is_empty());
-        }
-        looks.set(0);
-        for ticket in 0..1000 {
-            let granted = b.request(req(free, ticket));
-            assert_eq!(granted.len(), 1);
-            assert!(b.release([(free, 1)]).is_empty());
-        }
-        assert!(
-            looks.get() < 10_000,
-            "1000 grants on a free pool looked at parked requests {} times",
-            looks.get()
-        );
-        // The parked ones are all still there, and go one by one.
-        let mut waiting = 0;
-        b.for_each_waiting(|_| waiting += 1);
-        assert_eq!(waiting, 1000);
-        for _ in 0..1000 {
-            assert_eq!(b.release([(busy, 1)]).len(), 1);
-        }
-        assert!(b.release([(busy, 1)]).is_empty());
-    }
-
-    #[test]
-    fn a_request_short_of_two_pools_moves_to_the_other_and_is_granted_once_both_fit() {
-        let b = Broker::default();
-        let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
-        assert_eq!(names(b.request(Req(vec![d(p, 1, false, 0)], "p"))), ["p"]);
-        assert_eq!(names(b.request(Req(vec![d(q, 1, false, 0)], "q"))), ["q"]);
-        // Short of both: parked at p (its first demand).
-        assert!(
-            b.request(Req(vec![d(p, 1, false, 1), d(q, 1, false, 1)], "pq"))
-                .is_empty()
-        );
-        // A younger request for q alone parks at q.
-        assert!(b.request(Req(vec![d(q, 1, false, 2)], "q'")).is_empty());
-        // p comes back: `pq` still waits, now at q, ahead of `q'`.
-        assert!(b.release([(p, 1)]).is_empty());
-        assert_eq!(names(b.release([(q, 1)])), ["pq"]);
-        let mut order = Vec::new();
-        b.for_each_waiting(|r| order.push(r.1));
-        assert_eq!(order, ["q'"]);
-        assert_eq!(names(b.release([(q, 1)])), ["q'"]);
-    }
-
-    #[test]
-    fn a_lasting_request_waits_for_its_turn_then_for_units() {
-        let b = Broker::default();
-        let pool = b.add_pool("p", 2);
-        assert_eq!(
-            names(b.request(Req(vec![d(pool, 2, false, 0)], "t"))),
-            ["t"]
-        );
-        // Ticket 2 is lasting: its turn comes after ticket 1.
-        assert!(b.request(Req(vec![d(pool, 1, true, 2)], "l")).is_empty());
-        assert!(b.request(Req(vec![d(pool, 2, false, 1)], "t1")).is_empty());
-        // Units come back: `t1` takes them, and its grant gives `l` its
-        // turn, but no unit.
-        assert_eq!(names(b.release([(pool, 2)])), ["t1"]);
-        assert_eq!(b.pools()[pool].base, 2);
-        assert_eq!(names(b.release([(pool, 2)])), ["l"]);
     }
 
     #[test]
