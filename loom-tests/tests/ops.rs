@@ -306,7 +306,7 @@ fn a_leased_context_holds_the_grants_until_dropped() {
             move |ctx| async move {
                 ctx.write(ka)?.set(1);
                 *stash.lock().unwrap() = Some(ctx);
-                Ok::<_, Error>(())
+                Ok::<_, depflow::BoxError>(())
             }
         })
         .unwrap()

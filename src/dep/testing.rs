@@ -214,7 +214,7 @@ impl Harness {
     }
 
     /// Pushes an op with an asynchronous body, as `Engine::push_async` does.
-    pub fn push_async<F, Fut, T, E>(
+    pub fn push_async<F, Fut, T>(
         &self,
         name: &'static str,
         reads: &[&dyn AnyVar],
@@ -223,9 +223,8 @@ impl Harness {
     ) -> Result<Handle<T>, Error>
     where
         F: FnOnce(OpCtx) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
         T: Send + 'static,
-        E: Into<BoxError>,
     {
         self.push_body(name, reads, mutates, Mode::Normal, AsyncBody::new(f))
     }

@@ -80,10 +80,9 @@ where
     if let Some(out) = refused(ready, fut) {
         return out;
     }
-    let Some(deadline) = Instant::now().checked_add(timeout) else {
-        return reclaim::block_on(fut); // no deadline this side of the heat death
-    };
-    reclaim::block_on_until(fut, Some(deadline)).unwrap_or_else(|| {
+    // (No deadline at all for a timeout past the end of time.)
+    let deadline = Instant::now().checked_add(timeout);
+    reclaim::block_on_until(fut, deadline).unwrap_or_else(|| {
         Err(Error::TimedOut {
             waited: timeout,
             in_flight: in_flight(),
