@@ -279,6 +279,14 @@ pub enum Error {
     ForeignResource(String),
     /// The engine could not be built as configured.
     Config(String),
+    /// A file could not be written (a trace, say): which, and why (also
+    /// the error's `source`).
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: Arc<std::io::Error>,
+    },
     /// A misuse of a stream device, or a call its device refused: a lane
     /// the device does not have, an async body on a stream device,
     /// [`OpCtx::stream`](crate::OpCtx::stream) off one, a failed enqueue.
@@ -330,13 +338,15 @@ impl fmt::Display for Error {
             }
             Error::Config(msg) => write!(f, "invalid engine configuration: {msg}"),
             Error::Stream(msg) => write!(f, "stream device: {msg}"),
+            Error::Io { path, .. } => write!(f, "could not write {}", path.display()),
         }
     }
 }
 
 /// The source is the error the failing op returned, for
 /// [`Failed`](Error::Failed), [`Poisoned`](Error::Poisoned) and
-/// [`Failures`](Error::Failures) (the same as [`OpFailure`]'s): `Display`
+/// [`Failures`](Error::Failures) (the same as [`OpFailure`]'s), and the
+/// system's error for [`Io`](Error::Io): `Display`
 /// leaves its message to the chain, as the ecosystem's convention asks, so a
 /// chain printer shows each message once.
 ///
@@ -359,6 +369,9 @@ impl fmt::Display for Error {
 /// ```
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        if let Error::Io { source, .. } = self {
+            return Some(&**source);
+        }
         std::error::Error::source(&**self.failure()?)
     }
 }

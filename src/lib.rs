@@ -122,13 +122,15 @@ mod engine;
 
 pub use crate::dep::{AnyVar, Device, OpCtx, Var, VarKey, VarMut, VarRef};
 pub use crate::engine::{
-    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Job, OpBuilder, OpHandle, TypedCtx, TypedOp,
-    Wait, WhenRoom, read, write,
+    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Job, OpBuilder, OpHandle, Tracing, TypedCtx,
+    TypedOp, Wait, WhenRoom, read, write,
 };
 pub use crate::error::{BoxError, Error, OpFailure, VarId};
 pub use crate::resource::Resource;
 pub use crate::stream::{Lane, Stream};
-pub use crate::trace::{Diagnostics, OpReport, OpState, ResourceReport};
+pub use crate::trace::{
+    Diagnostics, OpReport, OpState, ResourceReport, ResourceTrack, Slice, Trace, TracedOp, Track,
+};
 
 pub mod typed {
     //! Typed access ([`OpBuilder::with`](crate::OpBuilder::with)): the

@@ -279,6 +279,12 @@ impl OpBlock {
         self.name
     }
 
+    /// The op's name if it is a static string (one that outlives the op).
+    #[inline]
+    pub(crate) fn static_name(&self) -> Option<&'static str> {
+        self.name.filter(|_| !self.name_owned())
+    }
+
     /// The op's failure of kind `kind`, named after it (the failure may
     /// outlive the op).
     pub(crate) fn failure(&self, kind: FailureKind) -> Arc<OpFailure> {

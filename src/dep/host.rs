@@ -60,32 +60,41 @@ pub(crate) trait Host: Sync + Sized + 'static {
     /// once they are free (perhaps at once).
     #[inline]
     fn request_units(&self, op: Runner) {
-        self.dispatch_granted(self.broker().request(op));
+        self.dispatch_granted(self.broker().request(op), None);
     }
 
-    /// Gives up the tickets of an op that will not ask for its units (it
+    /// Gives up the tickets of `op`, which will not ask for its units (it
     /// will be skipped), and dispatches what that lets through.
     #[inline]
-    fn retire_tickets(&self, demands: &[Demand]) {
-        self.dispatch_granted(self.broker().retire(demands));
+    fn retire_tickets(&self, demands: &[Demand], op: &OpBlock) {
+        self.dispatch_granted(self.broker().retire(demands), Some(op));
     }
 
-    /// Gives units back, (pool, amount) pairs, and dispatches the ops that
+    /// Gives units back, (pool, amount) pairs, from the op `by` that ends
+    /// (none: from a variable that let them go), and dispatches the ops that
     /// now fit.
     #[inline]
-    fn give_back_units(&self, returns: &[(usize, u64)]) {
-        self.dispatch_granted(self.broker().release(returns.iter().copied()));
+    fn give_back_units(&self, returns: &[(usize, u64)], by: Option<&OpBlock>) {
+        self.dispatch_granted(self.broker().release(returns.iter().copied()), by);
+        for &(pool, _) in returns {
+            self.on_units(pool);
+        }
     }
 
-    /// Dispatches the ops the broker granted their units (`on_granted`).
+    /// Dispatches the ops the broker granted their units (`on_granted`),
+    /// let through by `by`'s units or tickets (none: at their request, or
+    /// by a variable's units).
     #[inline]
-    fn dispatch_granted(&self, granted: Few<Runner>) {
+    fn dispatch_granted(&self, granted: Few<Runner>, by: Option<&OpBlock>) {
         granted.for_each(|op| {
             let block = op.metadata();
             if let Some(units) = block.units() {
                 units.mark_held();
+                for (resource, _) in units.demands() {
+                    self.on_units(resource.pool());
+                }
             }
-            self.on_granted(block);
+            self.on_granted(block, by);
             self.dispatch(op, false);
         });
     }
@@ -100,13 +109,19 @@ pub(crate) trait Host: Sync + Sized + 'static {
     #[inline]
     fn on_pushed(&self, _op: &OpBlock) {}
 
-    /// Hook: every variable granted the op.
+    /// Hook: every variable granted the op, the last one because `by`
+    /// completed (none: at its push, or a grant that raced it).
     #[inline]
-    fn on_ready(&self, _op: &OpBlock) {}
+    fn on_ready(&self, _op: &OpBlock, _by: Option<&OpBlock>) {}
 
-    /// Hook: the op got its units.
+    /// Hook: the op got its units, let through by `by` (as
+    /// `dispatch_granted` says).
     #[inline]
-    fn on_granted(&self, _op: &OpBlock) {}
+    fn on_granted(&self, _op: &OpBlock, _by: Option<&OpBlock>) {}
+
+    /// Hook: the units of `pool` taken or given back changed.
+    #[inline]
+    fn on_units(&self, _pool: usize) {}
 
     /// Hook: the op's body is about to run for the first time.
     #[inline]
@@ -122,8 +137,16 @@ pub(crate) trait Host: Sync + Sized + 'static {
     #[inline]
     fn on_resumed(&self, _op: &OpBlock) {}
 
-    /// Hook: the op finished (ran, failed or was skipped), just before it is
-    /// retired; it is still alive.
+    /// Hook: an op on a stream device enqueued its device work (its body
+    /// returned) and is about to hand its variables on; it ends when the
+    /// device has done that work.
     #[inline]
-    fn on_finished(&self, _op: &OpBlock) {}
+    fn on_enqueued(&self, _op: &OpBlock) {}
+
+    /// Hook: the op ended (its body ran or failed, it was skipped, or its
+    /// device work is done) and is about to release what it holds and
+    /// retire: the ops it unblocks become ready after this. It is still
+    /// alive.
+    #[inline]
+    fn on_ended(&self, _op: &OpBlock) {}
 }

@@ -47,24 +47,41 @@ impl Owner for OpBlock {
     }
 }
 
-impl<H: Host> Grant<H> for OpBlock {
+/// What a chain passes to the ops it grants: their host, and the op whose
+/// completion granted them (none when granted at their push), which the
+/// host's hooks learn as the op that unblocked them.
+pub(super) struct Granter<'a, H> {
+    pub(super) host: &'a H,
+    pub(super) by: Option<&'a OpBlock>,
+}
+
+impl<'a, H> Granter<'a, H> {
+    /// Grants made while pushing: nobody's completion.
     #[inline]
-    fn grant(&self, host: &H) {
+    pub(super) fn push(host: &'a H) -> Self {
+        Self { host, by: None }
+    }
+}
+
+impl<H: Host> Grant<Granter<'_, H>> for OpBlock {
+    #[inline]
+    fn grant(&self, cx: &Granter<'_, H>) {
         debug_assert!(
-            std::ptr::eq(self.host, std::ptr::from_ref(host).cast()),
+            std::ptr::eq(self.host, std::ptr::from_ref(cx.host).cast()),
             "an op granted by another engine's op"
         );
         if let Some(runner) = self.countdown.release() {
-            ready(self, runner, host);
+            ready(self, runner, cx.host, cx.by);
         }
     }
 }
 
-/// The op's variables all granted it: dispatch it, or first ask for its
-/// units (the host may park it until they are free).
+/// The op's variables all granted it, the last one freed by `by`'s
+/// completion (or at its push): dispatch it, or first ask for its units
+/// (the host may park it until they are free).
 #[inline]
-pub(super) fn ready<H: Host>(op: &OpBlock, runner: Runner, host: &H) {
-    host.on_ready(op);
+pub(super) fn ready<H: Host>(op: &OpBlock, runner: Runner, host: &H, by: Option<&OpBlock>) {
+    host.on_ready(op, by);
     let Some(units) = op.units() else {
         if op.is_wait() {
             // The host's wait for a variable has an empty body: finish it
@@ -79,7 +96,7 @@ pub(super) fn ready<H: Host>(op: &OpBlock, runner: Runner, host: &H) {
         // It will be skipped: it needs no units, and younger requests must
         // not wait for its tickets.
         units.mark_skipped();
-        host.retire_tickets(units.as_request());
+        host.retire_tickets(units.as_request(), op);
         host.dispatch(runner, false);
     } else {
         host.request_units(runner);
@@ -156,15 +173,17 @@ pub(super) unsafe fn lease_dropped<H: Host>(op: &OpBlock) {
     }
 }
 
-/// Gives the op's units back, completes its edges and retires it.
+/// The op ended (`on_ended`): gives its units back, completes its edges and
+/// retires it.
 #[inline]
 fn release_grants<H: Host>(op: &OpBlock, host: &H) {
+    host.on_ended(op);
     if let Some(units) = op.units()
         && units.is_held()
     {
         // SAFETY: the op still holds its grants (released just below).
         let returns = unsafe { hand_on(op, units) };
-        host.give_back_units(&returns);
+        host.give_back_units(&returns, Some(op));
     }
     release_edges(op, host);
     retire(op, host);
@@ -173,14 +192,15 @@ fn release_grants<H: Host>(op: &OpBlock, host: &H) {
 /// Completes every edge: the op's variables go to the next ops.
 #[inline]
 pub(super) fn release_edges<H: Host>(op: &OpBlock, host: &H) {
+    let cx = Granter { host, by: Some(op) };
     for e in op.edges() {
         // SAFETY: each edge was granted and is completed exactly once, here.
         unsafe {
             if e.is_write() {
                 e.var.bump_version();
-                e.var.chain.complete_write(&e.edge, host);
+                e.var.chain.complete_write(&e.edge, &cx);
             } else {
-                e.var.chain.complete_read(host);
+                e.var.chain.complete_read(&cx);
             }
         }
     }
@@ -260,7 +280,6 @@ pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
 /// `wait_all` (its outcome was decided, and passed on, before).
 #[inline]
 pub(super) fn retire<H: Host>(op: &OpBlock, host: &H) {
-    host.on_finished(op);
     // SAFETY: the op retires once, here; its edges are completed, and nothing
     // reads their variables from now on.
     if let Some((var, payload)) = unsafe { op.release_vars() } {

@@ -10,7 +10,7 @@ use super::block::{OpBlock, OpSpec, Runner};
 use super::body::Body;
 use super::future::OpFuture;
 use super::host::Host;
-use super::lifecycle::{ready, schedule};
+use super::lifecycle::{Granter, ready, schedule};
 use super::output::Output;
 use super::reclaim;
 use super::stream_op::StreamOpFuture;
@@ -73,14 +73,17 @@ unsafe fn link_in<H: Host>(runner: Runner, host: &H, body_size: usize) {
         host.on_pushed(this);
         let edges = this.edges();
         if edges.len() == 1 && this.units().is_none() {
-            edges[0].var.chain.append(&edges[0].edge, host);
+            edges[0]
+                .var
+                .chain
+                .append(&edges[0].edge, &Granter::push(host));
         } else {
             link_all(this, host);
         }
         // Release the pusher's guard; if every edge was granted meanwhile,
         // the op is ready now.
         if let Some(runner) = this.countdown.release() {
-            ready(this, runner, host);
+            ready(this, runner, host, None);
         }
         // This thread frees the op once it is finished.
         reclaim::adopt(this, body_size);
@@ -121,13 +124,14 @@ unsafe fn link_all<H: Host>(op: &OpBlock, host: &H) {
             }
         }
     }
+    let cx = Granter::push(host);
     // Grants from the edges whose bits are set in `word`, edge `base` first.
     let advance = |mut bits: u64, base: usize| {
         while bits != 0 {
             let e = &edges[base + bits.trailing_zeros() as usize];
             bits &= bits - 1;
             // SAFETY: `link` handed us the token at this edge.
-            unsafe { e.var.chain.advance(&e.edge, host) };
+            unsafe { e.var.chain.advance(&e.edge, &cx) };
         }
     };
     advance(first, 0);

@@ -88,6 +88,7 @@ impl OpBlock {
     /// gives the variables back. A failed body poisons through the fence,
     /// once the fences before it are known (an input's failure comes first).
     fn release_enqueued<H: Host>(&self, body_failed: bool, host: &H) {
+        host.on_enqueued(self);
         if let Some(units) = self.units() {
             if body_failed {
                 units.mark_failed();
@@ -103,12 +104,13 @@ impl OpBlock {
     /// The complete half: takes back the units handed on if the device work
     /// `failed`, gives the rest back, and retires the op.
     fn complete_on_device<H: Host>(&self, failed: bool, host: &H) {
+        host.on_ended(self);
         if let Some(units) = self.units() {
             let deferred = units.take_deferred();
             if failed {
                 deferred.revocable.iter().for_each(Revocable::revoke);
             }
-            host.give_back_units(&deferred.returns);
+            host.give_back_units(&deferred.returns, Some(self));
         }
         retire(self, host);
     }

@@ -39,8 +39,8 @@ pub enum Hook {
     Granted,
     /// `Host::on_started`.
     Started,
-    /// `Host::on_finished`.
-    Finished,
+    /// `Host::on_ended`.
+    Ended,
 }
 
 /// The no-op host: dispatched ops wait in a queue for the model to run
@@ -102,11 +102,11 @@ impl Host for NoopHost {
         self.hook(op, Hook::Pushed);
     }
 
-    fn on_ready(&self, op: &OpBlock) {
+    fn on_ready(&self, op: &OpBlock, _by: Option<&OpBlock>) {
         self.hook(op, Hook::Ready);
     }
 
-    fn on_granted(&self, op: &OpBlock) {
+    fn on_granted(&self, op: &OpBlock, _by: Option<&OpBlock>) {
         self.hook(op, Hook::Granted);
     }
 
@@ -114,8 +114,8 @@ impl Host for NoopHost {
         self.hook(op, Hook::Started);
     }
 
-    fn on_finished(&self, op: &OpBlock) {
-        self.hook(op, Hook::Finished);
+    fn on_ended(&self, op: &OpBlock) {
+        self.hook(op, Hook::Ended);
     }
 }
 
@@ -339,7 +339,7 @@ mod tests {
         assert_eq!(of("first"), [Pushed, Ready]);
         assert_eq!(of("second"), [Pushed]);
         assert!(h.run_one());
-        assert_eq!(of("first"), [Pushed, Ready, Started, Finished]);
+        assert_eq!(of("first"), [Pushed, Ready, Started, Ended]);
         assert_eq!(of("second"), [Pushed, Ready]);
         assert!(h.run_one());
         assert!(!h.run_one());

@@ -4,8 +4,10 @@
 use super::Engine;
 use super::executor::{Executor, ExecutorKind};
 use super::shared::{DeviceSlot, Shared};
+use super::trace_window::Tracing;
 use crate::dep::new_host_id;
 use crate::error::Error;
+use crate::trace::{DEFAULT_EVENTS_PER_THREAD, Observer, Recorder, Tracker};
 
 /// The name of the default device.
 ///
@@ -64,6 +66,8 @@ pub struct EngineBuilder {
     devices: Vec<(String, Executor)>,
     max_in_flight: usize,
     track_ops: bool,
+    tracing: Tracing,
+    trace_buffer: usize,
 }
 
 impl EngineBuilder {
@@ -145,6 +149,42 @@ impl EngineBuilder {
         self
     }
 
+    /// Records a [`Trace`](crate::Trace) of every op: when it was pushed,
+    /// became ready, got its units, started and ended, where it ran, what
+    /// it declared and which op unblocked it; see [`Tracing`] for the
+    /// choices, and [`Engine::trace`] for what you get (default: off).
+    ///
+    /// Recording costs a clock read and an uncontended lock per step of an
+    /// op, into a buffer per thread that holds the newest
+    /// [`trace_buffer`](Self::trace_buffer) events (older ones are dropped
+    /// and counted); no allocation per op.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, Tracing};
+    ///
+    /// let engine = Engine::builder().tracing(Tracing::On).build()?;
+    /// let v = engine.new_var();
+    /// engine.op().name("fill").mutates(&[&v]).run(|_| Ok(()))?.wait()?;
+    /// let path = std::env::temp_dir().join("depflow-builder-trace.json");
+    /// engine.trace()?.write_chrome_json(&path)?; // open it in ui.perfetto.dev
+    /// # std::fs::remove_file(path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tracing(mut self, tracing: Tracing) -> Self {
+        self.tracing = tracing;
+        self
+    }
+
+    /// How many events each thread's trace buffer holds (default: 65536,
+    /// about 2.5 MiB a thread; an op takes about 5 plus one per variable).
+    /// When a thread records more, its oldest events go, and
+    /// [`Trace::dropped_events`](crate::Trace::dropped_events) counts them.
+    /// At least 1.
+    pub fn trace_buffer(mut self, events_per_thread: usize) -> Self {
+        self.trace_buffer = events_per_thread.max(1);
+        self
+    }
+
     /// Starts the engine.
     ///
     /// # Errors
@@ -197,11 +237,14 @@ impl EngineBuilder {
         }
         // Variables, resources and devices carry the engine's id, so that
         // another engine's are refused.
+        let recorder = (self.tracing != Tracing::Off)
+            .then(|| Recorder::new(self.tracing == Tracing::On, self.trace_buffer));
+        let observer = Observer::new(self.track_ops.then(Tracker::default), recorder);
         let shared = Shared::new(
             new_host_id(),
             devices.into_boxed_slice(),
             self.max_in_flight,
-            self.track_ops,
+            observer,
         );
         Ok(Engine::start(shared))
     }
@@ -222,6 +265,8 @@ impl Default for EngineBuilder {
             devices: Vec::new(),
             max_in_flight: 0,
             track_ops: false,
+            tracing: Tracing::Off,
+            trace_buffer: DEFAULT_EVENTS_PER_THREAD,
         }
     }
 }

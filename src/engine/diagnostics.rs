@@ -46,10 +46,7 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
             held_by_vars: Vec::new(),
         })
         .collect();
-    let tracked = shared
-        .tracker
-        .as_ref()
-        .map(|t| t.report(&parked, &mut resources));
+    let tracked = shared.tracker().map(|t| t.report(&parked, &mut resources));
     Diagnostics {
         in_flight: in_flight(shared),
         resources,

@@ -14,6 +14,7 @@
 //! | `shared` | the state shared by handles and ops; the `Host` and `Ledger` implementations |
 //! | `shutdown` | shutting down when the last handle drops |
 //! | `diagnostics` | assembling [`Diagnostics`](crate::Diagnostics) |
+//! | `trace_window` | [`Tracing`], and the calls that open a trace window and take the [`Trace`](crate::Trace) |
 //!
 //! May import every layer below: `loom`, `core`, `error`, `exec`,
 //! `resource`, `device`, `dep`, `trace`. The planned recorded graphs
@@ -28,6 +29,7 @@ mod handle;
 mod op_builder;
 mod shared;
 mod shutdown;
+mod trace_window;
 mod typed_op;
 
 pub use self::builder::{DEFAULT_DEVICE, EngineBuilder};
@@ -35,6 +37,7 @@ pub use self::executor::{Executor, Job};
 pub use self::facade::Engine;
 pub use self::handle::{OpHandle, Wait};
 pub use self::op_builder::{OpBuilder, WhenRoom};
+pub use self::trace_window::Tracing;
 pub use self::typed_op::{
     Access, AccessKeys, Accesses, Read, ReadKey, TypedCtx, TypedOp, Write, WriteKey, read, write,
 };

@@ -20,8 +20,8 @@
 //!
 //! | field | written by | read by |
 //! | --- | --- | --- |
-//! | `id`, `devices`, `has_streams`, `tracker` (presence) | `EngineBuilder::build` | anyone |
-//! | `pending`, `room`, `broker`, `tracker` | see `core` and `trace` | |
+//! | `id`, `devices`, `has_streams`, `observer` (presence) | `EngineBuilder::build` | anyone |
+//! | `pending`, `room`, `broker`, `observer` | see `core` and `trace` | |
 //! | `closed` | `close` (shutdown) | pushes |
 //! | `failures` | failing ops, `wait_all` (under its lock) | the same |
 
@@ -37,7 +37,7 @@ use crate::device::StreamDevice;
 use crate::error::{Error, OpFailure, VarId};
 use crate::loom::sync::Mutex;
 use crate::resource::Ledger;
-use crate::trace::Tracker;
+use crate::trace::{Observer, Recorder, Tracker};
 
 /// State shared by an engine's handles and its ops.
 pub(crate) struct Shared {
@@ -53,7 +53,9 @@ pub(crate) struct Shared {
     pub(super) broker: Broker<Runner>,
     /// The bound on ops in flight.
     pub(super) room: Room,
-    pub(super) tracker: Option<Tracker>,
+    /// The registry of unfinished ops and the trace recorder, if either is
+    /// on: one branch per hook when neither is.
+    pub(super) observer: Option<Box<Observer>>,
     /// Some device is a stream device: ops must mind the variables' fences.
     has_streams: bool,
 }
@@ -75,7 +77,7 @@ impl Shared {
         id: u64,
         devices: Box<[DeviceSlot]>,
         max_in_flight: usize,
-        track_ops: bool,
+        observer: Option<Box<Observer>>,
     ) -> Self {
         Self {
             has_streams: devices.iter().any(|d| d.exec.stream_device().is_some()),
@@ -87,7 +89,7 @@ impl Shared {
             failures: Mutex::new(FailureLog::default()),
             broker: Broker::default(),
             room: Room::new(max_in_flight),
-            tracker: track_ops.then(Tracker::default),
+            observer,
         }
     }
 
@@ -147,6 +149,16 @@ impl Shared {
             Some(first) => Err(Error::Failures { first, count }),
             None => Ok(()),
         }
+    }
+
+    /// The registry of unfinished ops, if the engine tracks them.
+    pub(super) fn tracker(&self) -> Option<&Tracker> {
+        self.observer.as_ref()?.tracker.as_ref()
+    }
+
+    /// The trace recorder, if the engine was built to trace.
+    pub(super) fn recorder(&self) -> Option<&Recorder> {
+        self.observer.as_ref()?.recorder.as_ref()
     }
 
     pub(super) fn stop_executors(&self) {
@@ -211,43 +223,67 @@ impl Host for Shared {
 
     #[inline]
     fn on_pushed(&self, op: &OpBlock) {
-        if let Some(tracker) = &self.tracker {
-            tracker.add(op);
+        if let Some(o) = &self.observer {
+            o.pushed(op);
         }
     }
 
     #[inline]
-    fn on_granted(&self, op: &OpBlock) {
-        if let Some(tracker) = &self.tracker {
-            tracker.granted(op);
+    fn on_ready(&self, op: &OpBlock, by: Option<&OpBlock>) {
+        if let Some(o) = &self.observer {
+            o.ready(op, by);
+        }
+    }
+
+    #[inline]
+    fn on_granted(&self, op: &OpBlock, by: Option<&OpBlock>) {
+        if let Some(o) = &self.observer {
+            o.granted(op, by);
+        }
+    }
+
+    #[inline]
+    fn on_units(&self, pool: usize) {
+        if let Some(o) = &self.observer {
+            o.units(pool, || {
+                let (capacity, free) = self.broker.units(pool);
+                capacity - free
+            });
         }
     }
 
     #[inline]
     fn on_started(&self, op: &OpBlock) {
-        if let Some(tracker) = &self.tracker {
-            tracker.running(op);
+        if let Some(o) = &self.observer {
+            o.started(op);
         }
     }
 
     #[inline]
     fn on_suspended(&self, op: &OpBlock) {
-        if let Some(tracker) = &self.tracker {
-            tracker.awaiting(op);
+        if let Some(o) = &self.observer {
+            o.suspended(op);
         }
     }
 
     #[inline]
     fn on_resumed(&self, op: &OpBlock) {
-        if let Some(tracker) = &self.tracker {
-            tracker.running(op);
+        if let Some(o) = &self.observer {
+            o.resumed(op);
         }
     }
 
     #[inline]
-    fn on_finished(&self, op: &OpBlock) {
-        if let Some(tracker) = &self.tracker {
-            tracker.remove(op);
+    fn on_enqueued(&self, op: &OpBlock) {
+        if let Some(o) = &self.observer {
+            o.enqueued(op);
+        }
+    }
+
+    #[inline]
+    fn on_ended(&self, op: &OpBlock) {
+        if let Some(o) = &self.observer {
+            o.ended(op);
         }
     }
 }
@@ -258,15 +294,15 @@ impl Ledger for Shared {
     }
 
     fn give_back(&self, pool: usize, amount: u64) {
-        self.give_back_units(&[(pool, amount)]);
+        self.give_back_units(&[(pool, amount)], None);
     }
 
     fn tracks_holders(&self) -> bool {
-        self.tracker.is_some()
+        self.tracker().is_some()
     }
 
     fn holding(&self, pool: usize, holder: VarId, amount: u64) {
-        if let Some(tracker) = &self.tracker {
+        if let Some(tracker) = self.tracker() {
             tracker.holding(pool, holder, amount);
         }
     }

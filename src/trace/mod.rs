@@ -5,8 +5,16 @@
 //!
 //! May import: `crate::loom`, `crate::error`, `crate::dep`.
 
+mod chrome;
 mod diag;
+mod observe;
+mod record;
+mod timeline;
 mod track;
 
 pub use self::diag::{Diagnostics, OpReport, OpState, ResourceReport};
+pub(crate) use self::observe::Observer;
+pub(crate) use self::record::{DEFAULT_EVENTS_PER_THREAD, Recorder};
+pub(crate) use self::timeline::{EngineInfo, assemble};
+pub use self::timeline::{ResourceTrack, Slice, Trace, TracedOp, Track};
 pub(crate) use self::track::Tracker;

@@ -105,7 +105,7 @@ impl Tracker {
         self.set(op, |e| e.phase = Phase::Awaiting);
     }
 
-    /// Unregisters a finishing op (before its block can be freed).
+    /// Unregisters an op that ended (before its block can be freed).
     pub(crate) fn remove(&self, op: &OpBlock) {
         self.lock().ops.remove(&key(op));
     }
@@ -135,7 +135,7 @@ impl Tracker {
             .into_iter()
             .map(|(entry, addr)| {
                 // SAFETY: a registered op is alive: it unregisters itself when
-                // it finishes (the `on_finished` hook), before the anchor that
+                // it ends (the `on_ended` hook), before the anchor that
                 // keeps it alive can be dropped, and we hold the lock that
                 // unregistering takes.
                 let op = unsafe { &*(addr as *const OpBlock) };
