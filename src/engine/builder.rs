@@ -160,7 +160,7 @@ impl EngineBuilder {
     /// and counted); no allocation per op.
     ///
     /// ```
-    /// use depflow::{Engine, Error, Tracing};
+    /// use depflow::{Engine, Tracing};
     ///
     /// let engine = Engine::builder().tracing(Tracing::On).build()?;
     /// let v = engine.new_var();
