@@ -11,16 +11,24 @@
 //! The difference of the two totals, divided by 10 000, is the cost of one
 //! op from push to free (the program's fixed costs cancel out). `chain`:
 //! `Engine::push` mutating one variable; `read2`: reading one and mutating
-//! another; `builder`: the same through `engine.op()`.
+//! another; `builder`: the same through `engine.op()`. A third argument,
+//! `traced`, records a trace of every op (`Tracing::On`): what recording
+//! costs per op.
 
-use depflow::{Engine, Executor};
+use depflow::{Engine, Executor, Tracing};
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let kind = args.next().unwrap_or_else(|| "chain".into());
     let n: usize = args.next().map_or(10_000, |n| n.parse().expect("N"));
+    let tracing = match args.next().as_deref() {
+        Some("traced") => Tracing::On,
+        None => Tracing::Off,
+        Some(other) => panic!("unknown option {other}: traced"),
+    };
     let engine = Engine::builder()
         .executor(Executor::inline())
+        .tracing(tracing)
         .build()
         .expect("engine");
     let vars: Vec<_> = (0..64).map(|_| engine.var(0u64)).collect();

@@ -12,8 +12,11 @@
 //! ```text
 //! cargo bench --bench workloads -- [--json] [--quick] [--threads 1,2]
 //!     [--runs 5] [--workloads chain,fanout] [--bodies empty,spin1000]
-//!     [--no-pending]
+//!     [--no-pending] [--trace]
 //! ```
+//!
+//! `--trace` builds every engine with [`Tracing::On`]: what recording a
+//! trace costs (the trace is never taken).
 //!
 //! `--quick` scales every N down by 10. Besides the workload table it
 //! measures, per workload shape, the producer's cost per push alone and the
@@ -25,7 +28,7 @@
 
 use std::time::{Duration, Instant};
 
-use depflow::{AnyVar, Engine, Error, OpBuilder, OpCtx, OpHandle, Resource, Var};
+use depflow::{AnyVar, Engine, Error, OpBuilder, OpCtx, OpHandle, Resource, Tracing, Var};
 
 /// Units of the resource of `round_robin_quota`.
 const QUOTA_CAPACITY: u64 = 64;
@@ -279,8 +282,25 @@ struct Run {
     ok: bool,
 }
 
+/// `--trace`: every engine records a trace (never taken), to measure what
+/// recording costs.
+static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn engine(threads: usize) -> Engine {
+    let tracing = if TRACE.load(std::sync::atomic::Ordering::Relaxed) {
+        Tracing::On
+    } else {
+        Tracing::Off
+    };
+    Engine::builder()
+        .threads(threads)
+        .tracing(tracing)
+        .build()
+        .unwrap()
+}
+
 fn run_once(program: &Program, body: Body, threads: usize, expected: &[u64]) -> Run {
-    let engine = Engine::builder().threads(threads).build().unwrap();
+    let engine = engine(threads);
     let vars: Vec<Var<u64>> = (0..program.vars).map(|_| engine.var(0u64)).collect();
     let quota = new_quota(&engine, program);
     let start = Instant::now();
@@ -296,7 +316,7 @@ fn run_once(program: &Program, body: Body, threads: usize, expected: &[u64]) -> 
 /// Pushes the whole program behind one op that holds every variable; returns
 /// (ns per push, resident bytes per pending op, check).
 fn pending_cost(program: &Program, expected: &[u64]) -> (f64, f64, bool) {
-    let engine = Engine::builder().threads(1).build().unwrap();
+    let engine = engine(1);
     let vars: Vec<Var<u64>> = (0..program.vars).map(|_| engine.var(0u64)).collect();
     let quota = new_quota(&engine, program);
     let (release, gate) = std::sync::mpsc::channel::<()>();
@@ -389,6 +409,7 @@ fn parse_args() -> Args {
             "--json" => args.json = true,
             "--quick" => args.scale = 10,
             "--no-pending" => args.pending = false,
+            "--trace" => TRACE.store(true, std::sync::atomic::Ordering::Relaxed),
             "--threads" => {
                 args.threads = value()
                     .split(',')

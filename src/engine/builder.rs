@@ -68,6 +68,8 @@ pub struct EngineBuilder {
     track_ops: bool,
     tracing: Tracing,
     trace_buffer: usize,
+    #[cfg(feature = "tracing")]
+    tracing_spans: bool,
 }
 
 impl EngineBuilder {
@@ -185,6 +187,37 @@ impl EngineBuilder {
         self
     }
 
+    /// Makes a [`tracing`](https://docs.rs/tracing) span for every op
+    /// (feature `tracing`; default: off): `op`, at level `INFO`, with fields
+    /// `name`, `id` (push order), `device`, `lane` (-1 off a stream
+    /// device), `reads` and `mutates` (variable numbers). Its parent is the
+    /// span current where the op was pushed; it is entered while the body
+    /// runs (each poll of an async body, on its thread; on a stream device,
+    /// while the body enqueues), follows from the span of the op that
+    /// unblocked it, and holds `DEBUG` events `ready`, `granted` (units),
+    /// `enqueued` and `ended`. Spans cost a lock and the subscriber's work
+    /// per step of an op; a subscriber that disables them costs one check
+    /// per push.
+    ///
+    /// ```
+    /// # #[cfg(feature = "tracing")] {
+    /// use depflow::Engine;
+    ///
+    /// let engine = Engine::builder().tracing_spans(true).build()?;
+    /// let v = engine.new_var();
+    /// // With a subscriber installed (tracing-subscriber, tracing-chrome...),
+    /// // this op shows as an `op` span named "fill", inside `step`.
+    /// let _step = tracing::info_span!("step").entered();
+    /// engine.op().name("fill").mutates(&[&v]).run(|_| Ok(()))?.wait()?;
+    /// # }
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    #[cfg(feature = "tracing")]
+    pub fn tracing_spans(mut self, on: bool) -> Self {
+        self.tracing_spans = on;
+        self
+    }
+
     /// Starts the engine.
     ///
     /// # Errors
@@ -239,7 +272,15 @@ impl EngineBuilder {
         // another engine's are refused.
         let recorder = (self.tracing != Tracing::Off)
             .then(|| Recorder::new(self.tracing == Tracing::On, self.trace_buffer));
-        let observer = Observer::new(self.track_ops.then(Tracker::default), recorder);
+        let observer = Observer {
+            tracker: self.track_ops.then(Tracker::default),
+            recorder,
+            #[cfg(feature = "tracing")]
+            spans: self.tracing_spans.then(|| {
+                crate::trace::Spans::new(devices.iter().map(|d| d.name.clone()).collect())
+            }),
+        }
+        .boxed();
         let shared = Shared::new(
             new_host_id(),
             devices.into_boxed_slice(),
@@ -267,6 +308,8 @@ impl Default for EngineBuilder {
             track_ops: false,
             tracing: Tracing::Off,
             trace_buffer: DEFAULT_EVENTS_PER_THREAD,
+            #[cfg(feature = "tracing")]
+            tracing_spans: false,
         }
     }
 }

@@ -214,6 +214,9 @@ impl Host for Shared {
 
     #[inline]
     fn retire(&self, op: &OpBlock) {
+        if let Some(o) = &self.observer {
+            o.retired(op);
+        }
         // A wait was admitted outside the bound (`admit_wait`).
         if self.room.is_bounded() && !op.is_wait() {
             self.room.leave();

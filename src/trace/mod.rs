@@ -9,12 +9,16 @@ mod chrome;
 mod diag;
 mod observe;
 mod record;
+#[cfg(feature = "tracing")]
+mod spans;
 mod timeline;
 mod track;
 
 pub use self::diag::{Diagnostics, OpReport, OpState, ResourceReport};
 pub(crate) use self::observe::Observer;
 pub(crate) use self::record::{DEFAULT_EVENTS_PER_THREAD, Recorder};
+#[cfg(feature = "tracing")]
+pub(crate) use self::spans::Spans;
 pub(crate) use self::timeline::{EngineInfo, assemble};
 pub use self::timeline::{ResourceTrack, Slice, Trace, TracedOp, Track};
 pub(crate) use self::track::Tracker;

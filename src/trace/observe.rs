@@ -1,16 +1,22 @@
 //! The [`Observer`]: everything that watches an engine's ops through the
-//! lifecycle hooks (the registry behind diagnostics, the trace recorder),
+//! lifecycle hooks (the registry behind diagnostics, the trace recorder,
+//! `tracing` spans),
 //! behind one pointer, so that an engine that observes nothing pays one
 //! predictable branch per hook.
 
 use super::record::{Recorder, What, address};
+#[cfg(feature = "tracing")]
+use super::spans::Spans;
 use super::track::Tracker;
 use crate::dep::OpBlock;
 
 /// What an engine observes of its ops; at least one part is present.
+#[derive(Default)]
 pub(crate) struct Observer {
     pub(crate) tracker: Option<Tracker>,
     pub(crate) recorder: Option<Recorder>,
+    #[cfg(feature = "tracing")]
+    pub(crate) spans: Option<Spans>,
 }
 
 /// `by` as an event holds it.
@@ -19,9 +25,20 @@ fn by_address(by: Option<&OpBlock>) -> usize {
 }
 
 impl Observer {
-    /// The observer of these parts, or none if there is nothing to observe.
-    pub(crate) fn new(tracker: Option<Tracker>, recorder: Option<Recorder>) -> Option<Box<Self>> {
-        (tracker.is_some() || recorder.is_some()).then(|| Box::new(Self { tracker, recorder }))
+    /// The observer, or none if it has nothing to observe.
+    pub(crate) fn boxed(self) -> Option<Box<Self>> {
+        #[cfg(feature = "tracing")]
+        let spans = self.spans.is_some();
+        #[cfg(not(feature = "tracing"))]
+        let spans = false;
+        (self.tracker.is_some() || self.recorder.is_some() || spans).then(|| Box::new(self))
+    }
+
+    /// The spans, if the engine makes them.
+    #[cfg(feature = "tracing")]
+    #[inline]
+    fn spans(&self) -> Option<&Spans> {
+        self.spans.as_ref()
     }
 
     /// The recorder, if it records now.
@@ -37,11 +54,19 @@ impl Observer {
         if let Some(r) = self.recording() {
             r.pushed(op);
         }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.pushed(op);
+        }
     }
 
     pub(crate) fn ready(&self, op: &OpBlock, by: Option<&OpBlock>) {
         if let Some(r) = self.recording() {
             r.event(op, What::Ready { by: by_address(by) });
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.unblocked(op, by, "ready");
         }
     }
 
@@ -51,6 +76,10 @@ impl Observer {
         }
         if let Some(r) = self.recording() {
             r.event(op, What::Granted { by: by_address(by) });
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.unblocked(op, by, "granted");
         }
     }
 
@@ -68,6 +97,10 @@ impl Observer {
         if let Some(r) = self.recording() {
             r.event(op, What::Started);
         }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.enter(op);
+        }
     }
 
     pub(crate) fn suspended(&self, op: &OpBlock) {
@@ -76,6 +109,10 @@ impl Observer {
         }
         if let Some(r) = self.recording() {
             r.event(op, What::Suspended);
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.exit(op, None);
         }
     }
 
@@ -86,11 +123,19 @@ impl Observer {
         if let Some(r) = self.recording() {
             r.event(op, What::Resumed);
         }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.enter(op);
+        }
     }
 
     pub(crate) fn enqueued(&self, op: &OpBlock) {
         if let Some(r) = self.recording() {
             r.event(op, What::Enqueued);
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.exit(op, Some("enqueued"));
         }
     }
 
@@ -100,6 +145,18 @@ impl Observer {
         }
         if let Some(r) = self.recording() {
             r.event(op, What::Ended);
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.ended(op);
+        }
+    }
+
+    /// The op released everything and is counted out.
+    pub(crate) fn retired(&self, _op: &OpBlock) {
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.retired(_op);
         }
     }
 }
