@@ -144,12 +144,23 @@ pub(crate) struct Recorder {
     events_per_thread: usize,
     threads: Mutex<Vec<Arc<ThreadLog>>>,
     names: Mutex<Names>,
+    /// Dies with the recorder: tells threads their ring for it can go.
+    alive: Arc<()>,
 }
 
 thread_local! {
-    /// This thread's rings, one per recorder it recorded for; the recorder
-    /// owns them (a dead recorder's entry is dropped on the next miss).
-    static RINGS: RefCell<Vec<(u64, Weak<ThreadLog>)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's rings, one per recorder it recorded for, each with a
+    /// token that dies with its recorder. Held strongly, so that a hit costs
+    /// no reference count; a dead recorder's ring goes on the thread's next
+    /// miss (or when the thread ends).
+    static RINGS: RefCell<Vec<ThreadRing>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A thread's entry for one recorder.
+struct ThreadRing {
+    recorder: u64,
+    alive: Weak<()>,
+    log: Arc<ThreadLog>,
 }
 
 impl Recorder {
@@ -162,6 +173,7 @@ impl Recorder {
             events_per_thread: events_per_thread.max(1),
             threads: Mutex::new(Vec::new()),
             names: Mutex::new(Names::default()),
+            alive: Arc::new(()),
         }
     }
 
@@ -194,23 +206,25 @@ impl Recorder {
         });
     }
 
+    /// Runs `f` on this thread's ring (none while the thread's locals are
+    /// being destroyed: an op finishing then goes unrecorded).
     fn with_ring(&self, f: impl FnOnce(&mut Ring)) {
-        let log = RINGS.with(|rings| {
+        let _ = RINGS.try_with(|rings| {
             let mut rings = rings.borrow_mut();
-            if let Some(log) = rings
-                .iter()
-                .find(|(id, _)| *id == self.id)
-                .and_then(|(_, log)| log.upgrade())
-            {
-                return log;
-            }
-            rings.retain(|(_, log)| log.strong_count() > 0);
-            let log = Arc::new(self.new_log());
-            self.threads.lock().push(log.clone());
-            rings.push((self.id, Arc::downgrade(&log)));
-            log
+            let found = rings.iter().position(|r| r.recorder == self.id);
+            let i = found.unwrap_or_else(|| {
+                rings.retain(|r| r.alive.strong_count() > 0);
+                let log = Arc::new(self.new_log());
+                self.threads.lock().push(log.clone());
+                rings.push(ThreadRing {
+                    recorder: self.id,
+                    alive: Arc::downgrade(&self.alive),
+                    log,
+                });
+                rings.len() - 1
+            });
+            f(&mut rings[i].log.ring.lock());
         });
-        f(&mut log.ring.lock());
     }
 
     fn new_log(&self) -> ThreadLog {
