@@ -55,6 +55,8 @@ struct NoopHost {
     failures: Mutex<Vec<Arc<OpFailure>>>,
     retired: AtomicUsize,
     hooks: Mutex<Vec<(String, Hook)>>,
+    /// Each op made ready, with the op whose completion did it (by name).
+    granters: Mutex<Vec<(String, Option<String>)>>,
 }
 
 impl NoopHost {
@@ -102,8 +104,10 @@ impl Host for NoopHost {
         self.hook(op, Hook::Pushed);
     }
 
-    fn on_ready(&self, op: &OpBlock, _by: Option<&OpBlock>) {
+    fn on_ready(&self, op: &OpBlock, by: Option<&OpBlock>) {
         self.hook(op, Hook::Ready);
+        let name = |op: &OpBlock| op.name().unwrap_or("").to_string();
+        self.granters.lock().push((name(op), by.map(name)));
     }
 
     fn on_granted(&self, op: &OpBlock, _by: Option<&OpBlock>) {
@@ -177,6 +181,7 @@ impl Harness {
                 failures: Mutex::new(Vec::new()),
                 retired: AtomicUsize::new(0),
                 hooks: Mutex::new(Vec::new()),
+                granters: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -287,6 +292,12 @@ impl Harness {
     pub fn hooks(&self) -> Vec<(String, Hook)> {
         self.host.hooks.lock().clone()
     }
+
+    /// Every op made ready so far, with the op whose completion made it
+    /// ready (`None`: ready at its push), as `Host::on_ready` was told.
+    pub fn granters(&self) -> Vec<(String, Option<String>)> {
+        self.host.granters.lock().clone()
+    }
 }
 
 /// Frees the finished ops the calling thread pushed (its reclamation list's
@@ -347,6 +358,39 @@ mod tests {
         assert_eq!(h.retired(), 2);
         reclaim_finished();
         assert!(!holds_pushed_ops());
+    }
+
+    /// `on_ready` names the op whose completion gave the last grant: the
+    /// writer for its readers, the last reader for the next writer, none
+    /// for an op ready at its push.
+    #[test]
+    fn the_completing_op_is_the_granter() {
+        let h = Harness::new();
+        let (v, w) = (h.var(0u8), h.var(0u8));
+        let mut handles = Vec::new();
+        handles.push(h.push("write", &[], &[&v], |_| Ok(())).unwrap());
+        handles.push(h.push("read", &[&v], &[], |_| Ok(())).unwrap());
+        handles.push(h.push("both", &[&v], &[&w], |_| Ok(())).unwrap());
+        handles.push(h.push("rewrite", &[], &[&v], |_| Ok(())).unwrap());
+        while h.run_one() {}
+        for handle in handles {
+            handle.wait().unwrap();
+        }
+        let granters = h.granters();
+        let by = |name: &str| {
+            granters
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, by)| by.as_deref())
+                .unwrap()
+        };
+        assert_eq!(by("write"), None);
+        assert_eq!(by("read"), Some("write"));
+        assert_eq!(by("both"), Some("write"));
+        // The two readers run in order here: the second one to complete
+        // lets the writer through.
+        assert_eq!(by("rewrite"), Some("both"));
+        reclaim_finished();
     }
 
     /// A failing op poisons what it mutates; the op behind it is skipped
