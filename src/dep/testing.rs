@@ -367,11 +367,12 @@ mod tests {
     fn the_completing_op_is_the_granter() {
         let h = Harness::new();
         let (v, w) = (h.var(0u8), h.var(0u8));
-        let mut handles = Vec::new();
-        handles.push(h.push("write", &[], &[&v], |_| Ok(())).unwrap());
-        handles.push(h.push("read", &[&v], &[], |_| Ok(())).unwrap());
-        handles.push(h.push("both", &[&v], &[&w], |_| Ok(())).unwrap());
-        handles.push(h.push("rewrite", &[], &[&v], |_| Ok(())).unwrap());
+        let handles = [
+            h.push("write", &[], &[&v], |_| Ok(())).unwrap(),
+            h.push("read", &[&v], &[], |_| Ok(())).unwrap(),
+            h.push("both", &[&v], &[&w], |_| Ok(())).unwrap(),
+            h.push("rewrite", &[], &[&v], |_| Ok(())).unwrap(),
+        ];
         while h.run_one() {}
         for handle in handles {
             handle.wait().unwrap();
