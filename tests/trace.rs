@@ -411,3 +411,36 @@ fn a_window_records_only_what_ran_in_it() {
     let names: Vec<_> = trace.ops().iter().map(|o| o.name()).collect();
     assert_eq!(names, [Some("inside")]);
 }
+
+#[test]
+fn a_skipped_op_is_in_the_json_as_skipped() {
+    let engine = Engine::builder()
+        .threads(1)
+        .tracing(Tracing::On)
+        .build()
+        .unwrap();
+    let (a, b) = (engine.new_var(), engine.new_var());
+    let failed = engine
+        .op()
+        .name("fails")
+        .mutates(&[&a])
+        .run(|_| Err::<(), _>("no".into()));
+    let skipped = engine
+        .op()
+        .name("skipped")
+        .reads(&[&a])
+        .mutates(&[&b])
+        .run(|_| Ok(()));
+    assert!(failed.unwrap().wait().is_err());
+    assert!(matches!(skipped.unwrap().wait(), Err(Error::Poisoned(_))));
+    let _ = engine.wait_all().wait();
+    let json = parsed(&engine, "skipped.json");
+    let ops = ops(&json);
+    let skipped = ops
+        .values()
+        .find(|o| o.name == "skipped")
+        .expect("the skipped op is there");
+    assert_eq!(skipped.args["skipped"], true);
+    assert!(skipped.at("started_us").is_none());
+    assert!(ops.values().find(|o| o.name == "fails").unwrap().args["skipped"].is_null());
+}

@@ -1,6 +1,8 @@
 //! A [`Trace`] as Chrome trace-event JSON (the format of chrome://tracing,
 //! which Perfetto opens too): one track (`tid`) per thread and per stream
-//! lane, each op's polls and device work as complete (`X`) slices, a flow
+//! lane, each op's polls and device work as complete (`X`) slices (the
+//! first carries everything known of the op in its `args`; an op that has
+//! not started by the time the trace was taken has none), a flow
 //! arrow from each op to the ops it unblocked, and counter (`C`) tracks for
 //! the ops in flight and each resource's units in use.
 //!
@@ -82,6 +84,9 @@ fn args(out: &mut String, op: &TracedOp) {
     opt_us(out, "ended_us", op.ended());
     if let Some(by) = op.unblocked_by() {
         let _ = write!(out, ",\"unblocked_by\":{by}");
+    }
+    if op.started().is_none() && op.ended().is_some() {
+        out.push_str(",\"skipped\":true");
     }
     out.push('}');
 }

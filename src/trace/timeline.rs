@@ -152,7 +152,9 @@ impl TracedOp {
     }
 
     /// Where it spent its time: each poll of its body on a thread, then its
-    /// device work on a lane.
+    /// device work on a lane. An op skipped without running (an input was
+    /// poisoned or deleted, or it was cancelled) has one empty slice on the
+    /// thread that ended it; one that has not started has none.
     pub fn slices(&self) -> &[Slice] {
         &self.slices
     }
@@ -348,6 +350,16 @@ pub(crate) fn assemble(snapshot: Snapshot, info: EngineInfo) -> Trace {
             What::Ended => {
                 op.ended = Some(at);
                 close_slice(op, at);
+                if op.slices.is_empty() {
+                    // Skipped (poisoned, cancelled, an input deleted): an
+                    // instant on the thread that ended it.
+                    let track = track_of_thread(t, &mut tracks);
+                    op.slices.push(Slice {
+                        track,
+                        start: at,
+                        end: Some(at),
+                    });
+                }
                 count -= 1;
                 in_flight.push((at, count));
             }
