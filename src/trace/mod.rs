@@ -9,6 +9,7 @@ mod chrome;
 mod diag;
 mod observe;
 mod record;
+mod svg;
 mod timeline;
 mod track;
 
