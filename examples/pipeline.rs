@@ -17,7 +17,14 @@
 //!
 //! ```text
 //! cargo run --release --example pipeline
+//! cargo run --release --example pipeline -- --trace target/pipeline
 //! ```
+//!
+//! With `--trace PATH` it runs 12 batches (a picture of 32 would be too
+//! dense to read), with the engine recording a trace, and writes it as
+//! `PATH.json` (Chrome trace-event JSON: open it in ui.perfetto.dev) and
+//! `PATH.svg` (a timeline to open in a browser); an extension on `PATH` is
+//! replaced.
 //!
 //! Work is simulated by sleeping, so the pacing shows on few cores. All it
 //! prints is measured: per stage, the mean op time, the steady-state period
@@ -26,13 +33,16 @@
 //! ops and by the main thread); then the total time against the serial sum and
 //! against `batches x slowest stage`. It checks the model against a serial run.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use depflow::{Engine, Error, OpHandle, Resource, Var};
+use depflow::{Engine, Error, OpHandle, Resource, Tracing, Var};
 
 const BATCHES: usize = 32;
+/// Batches of a traced run (`--trace`).
+const TRACED_BATCHES: usize = 12;
 const BUFFERS: u64 = 2;
 const LEN: usize = 4096;
 const THREADS: usize = 4;
@@ -156,8 +166,28 @@ fn recycle(e: &Engine, t: &Arc<Trace>, s: usize, v: &Buf) -> Res<OpHandle<()>> {
     e.delete_var(v, move |buffer| t.give(s, buffer))
 }
 
+/// The `--trace PATH` argument, if given.
+fn trace_path() -> Res<Option<PathBuf>> {
+    let mut args = std::env::args().skip(1);
+    match (args.next().as_deref(), args.next(), args.next()) {
+        (None, _, _) => Ok(None),
+        (Some("--trace"), Some(path), None) => Ok(Some(PathBuf::from(path))),
+        _ => Err(Error::Config(
+            "usage: pipeline [--trace PATH]  (writes PATH.json and PATH.svg)".into(),
+        )),
+    }
+}
+
 fn main() -> Res {
-    let engine = Engine::builder().threads(THREADS).build()?;
+    let trace_to = trace_path()?;
+    let (batches, tracing) = match trace_to {
+        Some(_) => (TRACED_BATCHES, Tracing::On),
+        None => (BATCHES, Tracing::Off),
+    };
+    let engine = Engine::builder()
+        .threads(THREADS)
+        .tracing(tracing)
+        .build()?;
     let new = |name, micros, f| Stage {
         name,
         work: Duration::from_micros(micros),
@@ -184,7 +214,7 @@ fn main() -> Res {
 
     // The serial program, every batch pushed at once.
     let mut last = None;
-    for b in 0..BATCHES {
+    for b in 0..batches {
         let [l, p, d] = [(); 3].map(|()| engine.var(Vec::new()));
         let (e, t) = (&engine, &trace);
         stage(e, t, 0, b, None, &l)?;
@@ -217,20 +247,20 @@ fn main() -> Res {
     let total = trace.t0.elapsed();
 
     let pushed = ms(pushed);
-    println!("{BATCHES} batches pushed in {pushed:.2} ms, {THREADS} threads\n");
+    println!("{batches} batches pushed in {pushed:.2} ms, {THREADS} threads\n");
     println!("stage       mean op  period  ahead of     peak   peak in_use");
     println!("               (ms)    (ms)   compute  buffers  (ops / main)");
     let (mut serial, mut slowest) = (Duration::ZERO, Duration::ZERO);
     for (s, stage) in trace.stages.iter().enumerate() {
         let spans = stage.spans.lock().unwrap();
-        assert_eq!(spans.len(), BATCHES);
+        assert_eq!(spans.len(), batches);
         let busy: Duration = spans.iter().map(|(start, end)| *end - *start).sum();
         serial += busy;
-        slowest = slowest.max(busy / BATCHES as u32);
+        slowest = slowest.max(busy / batches as u32);
         // The steady state: the median gap between completions, middle half.
         let mut ends: Vec<f64> = spans.iter().map(|(_, end)| ms(*end)).collect();
         ends.sort_by(f64::total_cmp);
-        let middle = &ends[BATCHES / 4..3 * BATCHES / 4];
+        let middle = &ends[batches / 4..3 * batches / 4];
         let mut gaps: Vec<f64> = middle.windows(2).map(|w| w[1] - w[0]).collect();
         gaps.sort_by(f64::total_cmp);
         let (period, ahead) = (gaps[gaps.len() / 2], stage.ahead.load(SeqCst));
@@ -238,20 +268,21 @@ fn main() -> Res {
             COMPUTE => ["-".into(), "-".into()],
             _ => stage.peaks(sampled[s]),
         };
-        let (name, mean) = (stage.name, ms(busy) / BATCHES as f64);
+        let (name, mean) = (stage.name, ms(busy) / batches as f64);
         println!("{name:<11}{mean:>8.2}{period:>8.2}{ahead:>10}{peak:>9}{in_use:>14}");
     }
     println!("(ahead of compute: max over b of b - batches computed when its op for b began)");
-    let (total, serial, bound) = (ms(total), ms(serial), ms(slowest * BATCHES as u32));
+    let (total, serial, bound) = (ms(total), ms(serial), ms(slowest * batches as u32));
     let (speedup, ratio) = (serial / total, total / bound);
     println!("\ntotal {total:.1} ms; serial sum {serial:.1} ms ({speedup:.2}x the total)");
     println!("batches x slowest stage {bound:.1} ms (the total is {ratio:.2}x that)");
 
     // The pipeline computed what a serial run computes, and gave all back.
     let m = model.key();
-    let got = engine.push(&[&model], &[], move |ctx| Ok(*ctx.read(m)?))?;
+    let got = engine.op().name("read model").reads(&[&model]);
+    let got = got.run(move |ctx| Ok(*ctx.read(m)?))?;
     let (got, mut expected) = (got.wait()?, 0.0);
-    for b in 0..BATCHES {
+    for b in 0..batches {
         let (mut l, mut p, mut d) = (Vec::new(), Vec::new(), Vec::new());
         load(b, &[], &mut l);
         preprocess(b, &l, &mut p);
@@ -264,6 +295,14 @@ fn main() -> Res {
         assert_eq!((r.in_use(), free), (0, BUFFERS), "{}", stage.name);
     }
     println!("check: ok (model = {got}, as a serial run gives)");
+    if let Some(path) = trace_to {
+        let trace = engine.trace()?;
+        let (json, svg) = (path.with_extension("json"), path.with_extension("svg"));
+        trace.write_chrome_json(&json)?;
+        trace.write_svg(&svg)?;
+        let (n, json, svg) = (trace.ops().len(), json.display(), svg.display());
+        println!("trace of {n} ops: {json} (open in ui.perfetto.dev) and {svg}");
+    }
     Ok(())
 }
 

@@ -8,17 +8,25 @@
 //!
 //! ```text
 //! cargo run --release --example two_device_net
+//! cargo run --release --example two_device_net -- --trace target/net
 //! ```
 //!
 //! It prints the loss as it falls, then runs the same program on the inline
 //! executor (serially, on one thread) and checks that the results are
 //! identical, and reports how much of the gradient aggregation overlapped
 //! with backward compute.
+//!
+//! With `--trace PATH` it trains for only 4 iterations (a picture of 60
+//! would be too dense to read), with the engine recording a trace, and
+//! writes it as `PATH.json` (Chrome trace-event JSON: open it in
+//! ui.perfetto.dev) and `PATH.svg` (a timeline to open in a browser);
+//! an extension on `PATH` is replaced. Without the flag it trains for 60.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use depflow::{AnyVar, Device, Engine, Error, Executor, OpCtx, Var};
+use depflow::{AnyVar, Device, Engine, Error, Executor, OpCtx, Tracing, Var};
 use ndarray::{Array1, Array2, Axis, s};
 
 const SAMPLES: usize = 4096;
@@ -28,6 +36,8 @@ const CLASSES: usize = 10;
 const BATCH: usize = 512;
 const HALF: usize = BATCH / 2;
 const ITERATIONS: usize = 60;
+/// Iterations of a traced run (`--trace`).
+const TRACED_ITERATIONS: usize = 4;
 const LEARNING_RATE: f32 = 0.5;
 
 type Matrix = Array2<f32>;
@@ -401,20 +411,18 @@ impl Net {
     /// The mean loss of the last iteration (waits only for the loss).
     fn loss(&self) -> Result<f32, Error> {
         let keys = [self.replicas[0].loss.key(), self.replicas[1].loss.key()];
-        let loss = self.engine.push(
-            &[&self.replicas[0].loss, &self.replicas[1].loss],
-            &[],
-            move |ctx| Ok((*ctx.read(keys[0])? + *ctx.read(keys[1])?) / 2.0),
-        )?;
-        loss.wait()
+        let losses: [&dyn AnyVar; 2] = [&self.replicas[0].loss, &self.replicas[1].loss];
+        let loss = self.engine.op().name("read loss").reads(&losses);
+        loss.run(move |ctx| Ok((*ctx.read(keys[0])? + *ctx.read(keys[1])?) / 2.0))?
+            .wait()
     }
 
     fn weights(&self) -> Result<(Matrix, Matrix), Error> {
         let (k1, k2) = (self.fc1_weight.key(), self.fc2_weight.key());
-        self.engine
-            .push(&[&self.fc1_weight, &self.fc2_weight], &[], move |ctx| {
-                Ok((ctx.read(k1)?.clone(), ctx.read(k2)?.clone()))
-            })?
+        let weights = self.engine.op().name("read weights");
+        let weights = weights.reads(&[&self.fc1_weight, &self.fc2_weight]);
+        weights
+            .run(move |ctx| Ok((ctx.read(k1)?.clone(), ctx.read(k2)?.clone())))?
             .wait()
     }
 }
@@ -422,8 +430,8 @@ impl Net {
 /// What a training run gives: the final weights, its duration, its timeline.
 type Trained = ((Matrix, Matrix), Duration, Arc<Timeline>);
 
-/// Trains for `ITERATIONS`.
-fn train(engine: Engine, label: &str, verbose: bool) -> Result<Trained, Error> {
+/// Trains for `iterations`.
+fn train(engine: Engine, label: &str, verbose: bool, iterations: usize) -> Result<Trained, Error> {
     let devices = [
         engine.device("gpu0").unwrap(),
         engine.device("gpu1").unwrap(),
@@ -436,9 +444,9 @@ fn train(engine: Engine, label: &str, verbose: bool) -> Result<Trained, Error> {
     });
     let net = Net::new(engine, devices, cpu, 7, timeline.clone());
     let start = Instant::now();
-    for i in 0..ITERATIONS {
+    for i in 0..iterations {
         net.iteration(&data, i)?;
-        if verbose && (i % 10 == 0 || i == ITERATIONS - 1) {
+        if verbose && (i % 10 == 0 || i == iterations - 1) {
             println!("  iteration {i:>3}: loss {:.4}", net.loss()?);
         }
     }
@@ -448,7 +456,7 @@ fn train(engine: Engine, label: &str, verbose: bool) -> Result<Trained, Error> {
     if verbose {
         println!(
             "  {label}: {:.1} ms per iteration",
-            elapsed.as_secs_f64() * 1e3 / ITERATIONS as f64
+            elapsed.as_secs_f64() * 1e3 / iterations as f64
         );
     }
     Ok((weights, elapsed, timeline))
@@ -484,27 +492,56 @@ fn overlap(timeline: &Timeline, layer: u8) -> (usize, f64) {
     (early, if total > 0.0 { covered / total } else { 0.0 })
 }
 
+/// The `--trace PATH` argument, if given.
+fn trace_path() -> Result<Option<PathBuf>, Error> {
+    let mut args = std::env::args().skip(1);
+    match (args.next().as_deref(), args.next(), args.next()) {
+        (None, _, _) => Ok(None),
+        (Some("--trace"), Some(path), None) => Ok(Some(PathBuf::from(path))),
+        _ => Err(Error::Config(
+            "usage: two_device_net [--trace PATH]  (writes PATH.json and PATH.svg)".into(),
+        )),
+    }
+}
+
 fn main() -> Result<(), Error> {
+    let trace = trace_path()?;
+    let iterations = if trace.is_some() {
+        TRACED_ITERATIONS
+    } else {
+        ITERATIONS
+    };
     println!(
-        "Two-layer net ({INPUTS}-{HIDDEN}-{CLASSES}), batch {BATCH} split over two CPU devices, {ITERATIONS} iterations"
+        "Two-layer net ({INPUTS}-{HIDDEN}-{CLASSES}), batch {BATCH} split over two CPU devices, {iterations} iterations"
     );
+    let tracing = if trace.is_some() {
+        Tracing::On
+    } else {
+        Tracing::Off
+    };
     let engine = Engine::builder()
         .executor(Executor::pool(1))
         .device("gpu0", Executor::pool(1))
         .device("gpu1", Executor::pool(1))
+        .tracing(tracing)
         .build()?;
-    let (parallel, parallel_time, timeline) =
-        train(engine, "engine (three devices, one thread each)", true)?;
+    let (parallel, parallel_time, timeline) = train(
+        engine.clone(),
+        "engine (three devices, one thread each)",
+        true,
+        iterations,
+    )?;
 
     let serial_engine = Engine::builder()
         .executor(Executor::inline())
         .device("gpu0", Executor::inline())
         .device("gpu1", Executor::inline())
         .build()?;
-    let (serial, serial_time, _) = train(serial_engine, "serial (inline executor)", false)?;
+    let (serial, serial_time, _) =
+        train(serial_engine, "serial (inline executor)", false, iterations)?;
     println!(
         "  serial (inline executor): {:.1} ms per iteration; the engine ran {:.2}x faster",
-        serial_time.as_secs_f64() * 1e3 / ITERATIONS as f64,
+        serial_time.as_secs_f64() * 1e3 / iterations as f64,
         serial_time.as_secs_f64() / parallel_time.as_secs_f64()
     );
     println!(
@@ -519,9 +556,21 @@ fn main() -> Result<(), Error> {
     ] {
         let (early, fraction) = overlap(&timeline, layer);
         println!(
-            "    fc{layer} ({note}): started while backward ops still ran in {early} of {ITERATIONS} \
+            "    fc{layer} ({note}): started while backward ops still ran in {early} of {iterations} \
              iterations; {:.0}% of its time overlapped",
             fraction * 100.0
+        );
+    }
+    if let Some(path) = trace {
+        let trace = engine.trace()?;
+        let (json, svg) = (path.with_extension("json"), path.with_extension("svg"));
+        trace.write_chrome_json(&json)?;
+        trace.write_svg(&svg)?;
+        println!(
+            "  trace of {} ops: {} (open in ui.perfetto.dev) and {}",
+            trace.ops().len(),
+            json.display(),
+            svg.display()
         );
     }
     assert!(

@@ -11,6 +11,7 @@ mod observe;
 mod record;
 #[cfg(feature = "tracing")]
 mod spans;
+mod svg;
 mod timeline;
 mod track;
 
