@@ -86,6 +86,7 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
         let producer = gated_store(&engine, gpu, Lane::Compute(0), &v, shut, 1);
         // The consumer's body runs (its work is enqueued) all the same.
         let (enqueued_tx, enqueued) = mpsc::channel();
+        let (ran_tx, ran) = mpsc::channel();
         let consumer = engine
             .op()
             .on(gpu)
@@ -95,22 +96,57 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
                 let v = v.key();
                 move |ctx| {
                     let m = ctx.write(v)?.clone();
-                    enqueued_tx.send(()).unwrap();
-                    Ok(ctx.stream()?.enqueue(move || {
+                    ctx.stream()?.enqueue(move || {
                         // Stream order across lanes: the producer's store first.
                         let seen = m.load(SeqCst);
                         m.store(seen * 10 + 2, SeqCst);
+                        let _ = ran_tx.send(());
                         Ok(())
-                    })?)
+                    })?;
+                    enqueued_tx.send(()).unwrap();
+                    Ok(())
                 }
             })
             .unwrap();
         enqueued.recv_timeout(Duration::from_secs(30)).unwrap();
+        // Time for a consumer that is not ordered behind the producer to run
+        // (it must not: its lane waits for the producer's event). Only a
+        // broken order depends on this delay; a correct one passes anyway.
+        assert!(
+            ran.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the consumer's work ran while the producer's was held"
+        );
         open.send(()).unwrap();
         producer.wait().unwrap();
         consumer.wait().unwrap();
         assert_eq!(read_on_host(&engine, &v), 12);
     });
+}
+
+/// The test above fails when the engine's cross-lane wait is stubbed out
+/// (`DEPFLOW_DEBUG_NO_LANE_WAITS=1`, read by debug builds only): it can
+/// detect a missing wait. Runs it in a child process of this test binary.
+#[cfg(debug_assertions)]
+#[test]
+fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
+    let name = "a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1"])
+        .env("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("running 1 test"), "{text}");
+    assert!(!out.status.success(), "passed without the wait:\n{text}");
+    assert!(
+        text.contains("the consumer's work ran while the producer's was held")
+            || text.contains("left: 2"),
+        "failed for another reason:\n{text}"
+    );
 }
 
 #[test]

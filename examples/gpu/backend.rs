@@ -7,7 +7,7 @@
 //! reference [`f`], the [`Gpu`] trait (buffers, and the three stages: copy in,
 //! kernel, copy out), its two implementations, a simulated GPU ([`Sim`]) and,
 //! with the `cuda` feature, CUDA device 0 ([`cuda::Cuda`]: NVRTC kernel,
-//! pinned host buffers), and the [`Pipeline`]: chunks of buffers as engine
+//! found by [`nvrtc`] under CUDA 12's or 13's names, pinned host buffers), and the [`Pipeline`]: chunks of buffers as engine
 //! variables, a pass pushing stages of every chunk, and the read-back. What
 //! only the bench needs (the hand-off chain's counter kernel, the floor, the
 //! labels) is in the bench, on top of these types.
@@ -115,6 +115,10 @@ impl Gpu for Sim {
 // ---- CUDA ----
 
 #[cfg(feature = "cuda")]
+#[path = "nvrtc.rs"]
+pub mod nvrtc;
+
+#[cfg(feature = "cuda")]
 pub mod cuda {
     use std::sync::Arc;
 
@@ -157,11 +161,7 @@ extern "C" __global__ void affine_softsign(float* x, int n, float a, float b) {
             // across streams (an event waited for and recorded at each use)
             // would order it a second time and cost launches.
             unsafe { ctx.disable_event_tracking() };
-            // SAFETY: only tries to open the library.
-            if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                return Err("NVRTC (libnvrtc) not found: it compiles the kernels".into());
-            }
-            let ptx = cudarc::nvrtc::compile_ptx(KERNEL)?;
+            let ptx = super::nvrtc::compile(KERNEL)?;
             let softsign = ctx.load_module(ptx)?.load_function("affine_softsign")?;
             Ok(Self {
                 name: ctx.name()?,

@@ -21,6 +21,21 @@ pub(crate) struct Backend {
     /// Compute lanes; the two copy lanes follow them.
     pub(crate) compute: usize,
     pub(crate) gpu: Gpu,
+    /// Debug builds only: [`NO_LANE_WAITS`] was set, so [`wait`](Self::wait)
+    /// does nothing (the engine's cross-lane ordering is broken on purpose).
+    pub(crate) no_lane_waits: bool,
+}
+
+/// The environment variable that, in debug builds only, turns the engine's
+/// cross-lane waits (`cuStreamWaitEvent`, or the simulated stream's wait)
+/// into no-ops on the stream devices built afterwards: a check that the
+/// ordering tests (`tests/streams.rs`, `tests/cuda.rs`) can fail. Release
+/// builds never read it.
+pub(crate) const NO_LANE_WAITS: &str = "DEPFLOW_DEBUG_NO_LANE_WAITS";
+
+/// Whether [`NO_LANE_WAITS`] is set to `1` (never, in release builds).
+pub(crate) fn no_lane_waits() -> bool {
+    cfg!(debug_assertions) && std::env::var(NO_LANE_WAITS).is_ok_and(|v| v == "1")
 }
 
 pub(crate) enum Gpu {
@@ -54,6 +69,9 @@ impl Backend {
 
     /// Makes `lane`'s later work wait for `event` (on the device).
     pub(crate) fn wait(&self, lane: u8, event: &Event) -> Result<(), String> {
+        if self.no_lane_waits {
+            return Ok(());
+        }
         match (&self.gpu, event) {
             (Gpu::Sim(gpu), Event::Sim(e)) => {
                 gpu.wait(lane, e.clone());

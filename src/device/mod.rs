@@ -268,7 +268,11 @@ impl StreamDevice {
             #[cfg(feature = "cuda")]
             Spec::Cuda { ordinal, .. } => Gpu::Cuda(cuda::CudaGpu::new(*ordinal, lanes)?),
         };
-        let backend = Arc::new(Backend { compute, gpu });
+        let backend = Arc::new(Backend {
+            compute,
+            gpu,
+            no_lane_waits: backend::no_lane_waits(),
+        });
         let poller =
             Poller::start(name, lanes, backend.clone(), wake).map_err(|e| e.to_string())?;
         Ok(Self { backend, poller })
