@@ -298,9 +298,10 @@ fn enqueue<B: Body, H: Host>(
             });
         }
         Err(m) => {
-            // The event will never complete, so the op fails now: when its
-            // work ends cannot be known (a device that refuses to record an
-            // event is broken anyway).
+            // The event will never complete, so the op fails now: the
+            // backend waited for the lane's work before reporting the error
+            // (or found the device dead, which runs nothing more), so nothing
+            // that depends on the fence proceeds while the work runs.
             fence.complete(Err(
                 body_failure.unwrap_or_else(|| op.failure(FailureKind::Device(m)))
             ));

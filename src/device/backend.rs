@@ -1,19 +1,40 @@
 //! The backend of a stream device: its streams and events, simulated or
 //! CUDA, behind one interface (what the launcher, the poller and
-//! [`Stream`](crate::stream::Stream) call).
+//! [`Stream`](crate::stream::Stream) call), and whether the device is dead.
+//!
+//! A device is *dead* once its context reported an error that does not go
+//! away (CUDA's sticky errors: an illegal address, a trap; the context runs
+//! nothing more). From then on every call fails at once with that first
+//! error, and the poller fails every op in flight with it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::sim;
 
-/// A device's event: the point in a stream after an op's work.
-pub(crate) enum Event {
+/// A device's event: the point in a stream after an op's work. Dropped with
+/// its fence, once that work is done (the poller holds the fence until then).
+pub(crate) struct Event {
+    raw: Option<Raw>,
+    backend: Arc<Backend>,
+}
+
+enum Raw {
     Sim(Arc<sim::SimEvent>),
     #[cfg(feature = "cuda")]
-    Cuda(cudarc::driver::CudaEvent),
+    Cuda(cuda::RawEvent),
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        match (self.raw.take(), &self.backend.gpu) {
+            #[cfg(feature = "cuda")]
+            (Some(Raw::Cuda(e)), Gpu::Cuda(gpu)) => gpu.destroy(e),
+            _ => {}
+        }
+    }
 }
 
 /// The device behind a stream device.
@@ -24,6 +45,8 @@ pub(crate) struct Backend {
     /// Debug builds only: [`NO_LANE_WAITS`] was set, so [`wait`](Self::wait)
     /// does nothing (the engine's cross-lane ordering is broken on purpose).
     pub(crate) no_lane_waits: bool,
+    /// The error that killed the device.
+    dead: OnceLock<String>,
 }
 
 /// The environment variable that, in debug builds only, turns the engine's
@@ -44,24 +67,69 @@ pub(crate) enum Gpu {
     Cuda(cuda::CudaGpu),
 }
 
+#[cfg(feature = "cuda")]
 impl Backend {
-    pub(crate) fn new_event(&self) -> Result<Event, String> {
-        match &self.gpu {
-            Gpu::Sim(_) => Ok(Event::Sim(Arc::default())),
-            #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => gpu.new_event().map(Event::Cuda),
+    /// `settled`'s message; a dead context kills the device first.
+    fn settled(&self, settled: cuda::Settled) -> String {
+        match settled {
+            cuda::Settled::Over(m) => m,
+            cuda::Settled::Dead(m) => self.kill(m),
+        }
+    }
+}
+
+impl Backend {
+    pub(crate) fn new(compute: usize, gpu: Gpu) -> Self {
+        Self {
+            compute,
+            gpu,
+            no_lane_waits: no_lane_waits(),
+            dead: OnceLock::new(),
         }
     }
 
-    /// Records `event` after the work enqueued on `lane` so far.
+    /// The error that killed the device, if one did.
+    pub(crate) fn dead(&self) -> Option<&str> {
+        self.dead.get().map(String::as_str)
+    }
+
+    /// Marks the device dead with `error` (the first error wins); returns
+    /// the error it died of.
+    pub(crate) fn kill(&self, error: String) -> String {
+        self.dead.get_or_init(|| error).clone()
+    }
+
+    fn alive(&self) -> Result<(), String> {
+        match self.dead() {
+            Some(e) => Err(format!("the device is dead: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn new_event(self: &Arc<Self>) -> Result<Event, String> {
+        self.alive()?;
+        let raw = match &self.gpu {
+            Gpu::Sim(_) => Raw::Sim(Arc::default()),
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(gpu) => Raw::Cuda(gpu.new_event()?),
+        };
+        Ok(Event {
+            raw: Some(raw),
+            backend: self.clone(),
+        })
+    }
+
+    /// Records `event` after the work enqueued on `lane` so far. On an
+    /// error that work is over (or the device is dead) when this returns.
     pub(crate) fn record(&self, lane: u8, event: &Event) -> Result<(), String> {
-        match (&self.gpu, event) {
-            (Gpu::Sim(gpu), Event::Sim(e)) => {
+        self.alive()?;
+        match (&self.gpu, event.raw()) {
+            (Gpu::Sim(gpu), Raw::Sim(e)) => {
                 gpu.signal(lane, e.clone());
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            (Gpu::Cuda(gpu), Event::Cuda(e)) => gpu.record(lane, e),
+            (Gpu::Cuda(gpu), Raw::Cuda(e)) => gpu.record(lane, e).map_err(|s| self.settled(s)),
             #[cfg(feature = "cuda")]
             _ => unreachable!("an event of another device"),
         }
@@ -69,25 +137,28 @@ impl Backend {
 
     /// Makes `lane`'s later work wait for `event` (on the device).
     pub(crate) fn wait(&self, lane: u8, event: &Event) -> Result<(), String> {
+        self.alive()?;
         if self.no_lane_waits {
             return Ok(());
         }
-        match (&self.gpu, event) {
-            (Gpu::Sim(gpu), Event::Sim(e)) => {
+        match (&self.gpu, event.raw()) {
+            (Gpu::Sim(gpu), Raw::Sim(e)) => {
                 gpu.wait(lane, e.clone());
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            (Gpu::Cuda(gpu), Event::Cuda(e)) => gpu.wait(lane, e),
+            (Gpu::Cuda(gpu), Raw::Cuda(e)) => gpu.wait(lane, e),
             #[cfg(feature = "cuda")]
             _ => unreachable!("an event of another device"),
         }
     }
 
-    /// Whether the work before `event` is done, and how it ended.
-    pub(crate) fn query(&self, event: &Event) -> Poll<Result<(), String>> {
-        match event {
-            Event::Sim(e) => {
+    /// Whether the work before `event`, recorded on `lane`, is done, and how
+    /// it ended. An `Err` comes once that work is over, or the device is
+    /// dead ([`dead`](Self::dead) says which).
+    pub(crate) fn query(&self, lane: u8, event: &Event) -> Poll<Result<(), String>> {
+        match (&self.gpu, event.raw()) {
+            (Gpu::Sim(_), Raw::Sim(e)) => {
                 if e.is_done() {
                     Poll::Ready(Ok(()))
                 } else {
@@ -95,12 +166,17 @@ impl Backend {
                 }
             }
             #[cfg(feature = "cuda")]
-            Event::Cuda(e) => cuda::query(e),
+            (Gpu::Cuda(gpu), Raw::Cuda(e)) => {
+                gpu.query(lane, e).map(|r| r.map_err(|s| self.settled(s)))
+            }
+            #[cfg(feature = "cuda")]
+            _ => unreachable!("an event of another device"),
         }
     }
 
     /// Runs `f` on the host once `lane` reaches it.
     pub(crate) fn enqueue_host(&self, lane: u8, f: Box<dyn FnOnce() + Send>) -> Result<(), String> {
+        self.alive()?;
         match &self.gpu {
             Gpu::Sim(gpu) => {
                 gpu.run(lane, f);
@@ -108,6 +184,15 @@ impl Backend {
             }
             #[cfg(feature = "cuda")]
             Gpu::Cuda(gpu) => gpu.enqueue_host(lane, f),
+        }
+    }
+
+    /// Prepares the calling thread to drive the device (the poller's, at
+    /// its start): on CUDA, makes the context current.
+    pub(crate) fn enter_thread(&self) {
+        #[cfg(feature = "cuda")]
+        if let Gpu::Cuda(gpu) = &self.gpu {
+            let _ = gpu.bind();
         }
     }
 
@@ -121,5 +206,13 @@ impl Backend {
             #[cfg(feature = "cuda")]
             Gpu::Cuda(gpu) => gpu.shutdown(),
         }
+    }
+}
+
+impl Event {
+    fn raw(&self) -> &Raw {
+        self.raw
+            .as_ref()
+            .expect("an event is taken only by its drop")
     }
 }

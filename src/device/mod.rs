@@ -200,7 +200,45 @@ impl Stream {
     }
 
     /// The CUDA stream (None on a simulated device): launch kernels and
-    /// copies on it. The engine orders them with the other ops' work.
+    /// copies on it. The engine orders them with the other ops' work on the
+    /// variables this op declared.
+    ///
+    /// # What the engine orders, and what it does not
+    ///
+    /// - **Only the engine orders device memory across lanes.** The
+    ///   engine's context has cudarc's event tracking off: a `CudaSlice`
+    ///   allocated through these streams (`alloc_zeros`, `clone_htod`)
+    ///   carries no events, and using it adds no stream waits. Declare every
+    ///   use through the op's variables (`reads`, `mutates`); memory no
+    ///   variable covers is not ordered with other lanes' work.
+    /// - A slice allocated through a `CudaContext` handle of your own
+    ///   follows that handle's setting: turn tracking off there too
+    ///   (`unsafe { ctx.disable_event_tracking() }`, before allocating) for
+    ///   data engine ops touch. Left on, each launch with the slice adds two
+    ///   stream waits and an event record, ordering only what the engine
+    ///   already orders.
+    /// - Pinned host memory (`PinnedHostSlice`) waits on its own event at
+    ///   each copy whatever the setting, but on these streams nothing
+    ///   records that event, so its `as_slice()` does not wait for a copy:
+    ///   read it in a host op that declares its variable (which waits for
+    ///   the copy's fence). Copies from or to pageable memory (`Vec`,
+    ///   `&[T]`) block the launcher thread until done, delaying every
+    ///   lane's enqueues: use pinned memory.
+    /// - **Memory is freed where its `CudaSlice` is dropped**, on the stream
+    ///   it was allocated on, with the dropping thread's current context
+    ///   (cudarc does not make it current for the drop). The device's
+    ///   launcher and poller threads keep its context current, so what the
+    ///   engine drops there is freed properly: a body's values, and the
+    ///   variables of stream ops, which go when their last op completes. A
+    ///   slice dropped elsewhere (by a host op's worker, or your thread)
+    ///   needs the context current there: `ctx.bind_to_thread()`, e.g. on a
+    ///   pool's workers with
+    ///   [`Executor::on_thread_start`](crate::Executor::on_thread_start).
+    ///   Allocate from an engine lane rather than the null stream
+    ///   (`ctx.default_stream()`), which the engine's lanes do not wait for.
+    /// - A host function ([`enqueue`](Self::enqueue)) runs on a driver
+    ///   thread: it must not call CUDA, nor may the drop of anything it
+    ///   captures.
     #[cfg(feature = "cuda")]
     pub fn cuda(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         match &self.backend.gpu {
@@ -268,11 +306,7 @@ impl StreamDevice {
             #[cfg(feature = "cuda")]
             Spec::Cuda { ordinal, .. } => Gpu::Cuda(cuda::CudaGpu::new(*ordinal, lanes)?),
         };
-        let backend = Arc::new(Backend {
-            compute,
-            gpu,
-            no_lane_waits: backend::no_lane_waits(),
-        });
+        let backend = Arc::new(Backend::new(compute, gpu));
         let poller =
             Poller::start(name, lanes, backend.clone(), wake).map_err(|e| e.to_string())?;
         Ok(Self { backend, poller })

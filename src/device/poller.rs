@@ -124,6 +124,7 @@ impl std::fmt::Debug for Poller {
 
 fn run(wake: &Wake, device: &Backend, lanes: usize) {
     let _device = super::DeviceThread::enter();
+    device.enter_thread();
     let mut in_flight: Vec<VecDeque<Entry>> = (0..lanes).map(|_| VecDeque::new()).collect();
     let mut count = 0usize;
     let mut idle_rounds = 0u32;
@@ -174,12 +175,18 @@ fn round(device: &Backend, in_flight: &mut [VecDeque<Entry>]) -> usize {
     let mut done = 0;
     for lane in in_flight.iter_mut() {
         while let Some(head) = lane.front() {
-            if head.parents.iter().any(|p| !p.is_done()) {
-                break; // a parent on another lane completes first
-            }
-            let outcome = match device.query(head.fence.event()) {
-                Poll::Pending => break,
-                Poll::Ready(r) => r,
+            // A dead device runs nothing more: what is in flight fails with
+            // the error it died of.
+            let outcome = if let Some(error) = device.dead() {
+                Err(format!("the device is dead: {error}"))
+            } else {
+                if head.parents.iter().any(|p| !p.is_done()) {
+                    break; // a parent on another lane completes first
+                }
+                match device.query(head.fence.lane(), head.fence.event()) {
+                    Poll::Pending => break,
+                    Poll::Ready(r) => r,
+                }
             };
             let entry = lane.pop_front().expect("head exists");
             complete(entry, outcome);
