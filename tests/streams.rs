@@ -377,6 +377,59 @@ fn delete_and_waits_cover_device_work() {
     });
 }
 
+/// An error the device reports with an event while the lane's work still
+/// runs (CUDA's event query may return an earlier launch's error) fails the
+/// op only once that work is over: until then nothing that depends on the
+/// fence (here a delete, which frees the memory) proceeds.
+#[test]
+fn an_error_reported_with_an_event_fails_the_op_once_the_lanes_work_is_over() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        let work_done = Arc::new(AtomicBool::new(false));
+        let (open, shut) = gate();
+        let op = engine
+            .op()
+            .name("kernel")
+            .on(gpu)
+            .mutates(&[&v])
+            .run({
+                let done = work_done.clone();
+                move |ctx| {
+                    let s = ctx.stream()?;
+                    s.simulate_device_error("an earlier launch failed", false)?;
+                    Ok(s.enqueue(move || {
+                        shut.pass();
+                        done.store(true, SeqCst);
+                        Ok(())
+                    })?)
+                }
+            })
+            .unwrap();
+        let (freed_tx, freed) = mpsc::channel();
+        let delete = engine
+            .delete_var(&v, {
+                let done = work_done.clone();
+                move |_| freed_tx.send(done.load(SeqCst)).unwrap()
+            })
+            .unwrap();
+        // Only a fence completed before its work lets the delete run now.
+        assert!(
+            freed.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the memory was freed under the device"
+        );
+        open.send(()).unwrap();
+        match op.wait() {
+            Err(Error::Failed(f)) => {
+                assert!(f.to_string().contains("an earlier launch failed"), "{f}")
+            }
+            other => panic!("{other:?}"),
+        }
+        delete.wait().unwrap();
+        assert!(freed.recv().unwrap(), "freed before the device work");
+    });
+}
+
 #[test]
 fn resource_units_stay_taken_until_the_device_work_is_done() {
     within(60, || {

@@ -67,18 +67,24 @@ pub(crate) enum Gpu {
     Cuda(cuda::CudaGpu),
 }
 
-#[cfg(feature = "cuda")]
-impl Backend {
-    /// `settled`'s message; a dead context kills the device first.
-    fn settled(&self, settled: cuda::Settled) -> String {
-        match settled {
-            cuda::Settled::Over(m) => m,
-            cuda::Settled::Dead(m) => self.kill(m),
-        }
-    }
+/// How work that reported an error with its event or record ended: the
+/// backend synchronised its lane before saying so.
+pub(crate) enum Settled {
+    /// The lane's work up to now is over.
+    Over(String),
+    /// Synchronising failed too: the context is unusable (a sticky error).
+    Dead(String),
 }
 
 impl Backend {
+    /// `settled`'s message; a dead context kills the device first.
+    fn settled(&self, settled: Settled) -> String {
+        match settled {
+            Settled::Over(m) => m,
+            Settled::Dead(m) => self.kill(m),
+        }
+    }
+
     pub(crate) fn new(compute: usize, gpu: Gpu) -> Self {
         Self {
             compute,
@@ -158,12 +164,8 @@ impl Backend {
     /// dead ([`dead`](Self::dead) says which).
     pub(crate) fn query(&self, lane: u8, event: &Event) -> Poll<Result<(), String>> {
         match (&self.gpu, event.raw()) {
-            (Gpu::Sim(_), Raw::Sim(e)) => {
-                if e.is_done() {
-                    Poll::Ready(Ok(()))
-                } else {
-                    Poll::Pending
-                }
+            (Gpu::Sim(gpu), Raw::Sim(e)) => {
+                gpu.query(lane, e).map(|r| r.map_err(|s| self.settled(s)))
             }
             #[cfg(feature = "cuda")]
             (Gpu::Cuda(gpu), Raw::Cuda(e)) => {

@@ -44,6 +44,8 @@ use std::task::Poll;
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
+use super::backend::Settled;
+
 /// How many CUDA devices there are; 0 without a driver or on any error.
 pub(crate) fn device_count() -> usize {
     // SAFETY: `is_culib_present` only tries to open the driver library; it is
@@ -71,14 +73,6 @@ pub(crate) struct RawEvent(sys::CUevent);
 unsafe impl Send for RawEvent {}
 // SAFETY: as above; no method takes `&mut`.
 unsafe impl Sync for RawEvent {}
-
-/// How work that reported an error with its event or record ended.
-pub(crate) enum Settled {
-    /// The lane was synchronised: its work up to now is over.
-    Over(String),
-    /// Synchronising failed too: the context is unusable (a sticky error).
-    Dead(String),
-}
 
 pub(crate) struct CudaGpu {
     ctx: Arc<CudaContext>,

@@ -194,6 +194,27 @@ impl Stream {
             .map_err(Error::Stream)
     }
 
+    /// Tests only, on a simulated device: once the lane reaches this point
+    /// (after the work enqueued before), the device reports `message` the
+    /// way CUDA reports an error of asynchronous work: with the next query
+    /// of an event, or, if `sticky` (an illegal address, a trap), with
+    /// every query from then on, running nothing more.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stream`] on a CUDA device.
+    #[doc(hidden)]
+    pub fn simulate_device_error(&self, message: &str, sticky: bool) -> Result<(), Error> {
+        match &self.backend.gpu {
+            Gpu::Sim(gpu) => {
+                gpu.fault(self.lane, message.to_string(), sticky);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(_) => Err(Error::Stream("not a simulated device".into())),
+        }
+    }
+
     /// Whether this is a simulated device's stream.
     pub fn is_simulated(&self) -> bool {
         self.backend.is_simulated()

@@ -8,7 +8,10 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::task::Poll;
 use std::thread::JoinHandle;
+
+use super::backend::Settled;
 
 use crate::loom::sync::atomic::{AtomicU8, Ordering::*};
 use crate::loom::sync::{Condvar, Mutex};
@@ -55,6 +58,19 @@ enum Item {
     Run(Box<dyn FnOnce() + Send>),
     Wait(Arc<SimEvent>),
     Signal(Arc<SimEvent>),
+    /// Tests: the device reports an error from here on (see
+    /// [`SimGpu::fault`]).
+    Fault(String, bool),
+}
+
+/// An error the simulated device reports with its events: a stand-in for
+/// CUDA's asynchronous errors, for tests.
+#[derive(Default)]
+struct Fault {
+    /// Reported by the next query of any event, once.
+    pending: Option<String>,
+    /// Reported by every query from now on: the device runs nothing more.
+    sticky: Option<String>,
 }
 
 #[derive(Default)]
@@ -73,6 +89,7 @@ struct Lane {
 pub(crate) struct SimGpu {
     lanes: Box<[Arc<Lane>]>,
     threads: crate::loom::sync::Mutex<Vec<JoinHandle<()>>>,
+    fault: Arc<Mutex<Fault>>,
 }
 
 impl SimGpu {
@@ -84,18 +101,20 @@ impl SimGpu {
         reached: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
         let lanes: Box<[Arc<Lane>]> = (0..lanes).map(|_| Arc::default()).collect();
+        let fault: Arc<Mutex<Fault>> = Arc::default();
         let mut threads = Vec::with_capacity(lanes.len());
         for (i, lane) in lanes.iter().enumerate() {
-            let (lane, reached) = (lane.clone(), reached.clone());
+            let (lane, reached, f) = (lane.clone(), reached.clone(), fault.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-stream{i}"))
-                .spawn(move || run_lane(&lane, &*reached));
+                .spawn(move || run_lane(&lane, &*reached, &f));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
                     let gpu = Self {
                         lanes,
                         threads: crate::loom::sync::Mutex::new(threads),
+                        fault,
                     };
                     gpu.shutdown();
                     return Err(e);
@@ -105,6 +124,7 @@ impl SimGpu {
         Ok(Self {
             lanes,
             threads: crate::loom::sync::Mutex::new(threads),
+            fault,
         })
     }
 
@@ -126,6 +146,38 @@ impl SimGpu {
         self.push(lane, Item::Signal(event));
     }
 
+    /// Tests: once `lane` reaches this point, the device reports `message`
+    /// with the next query of an event (`sticky`: with every query, and it
+    /// runs nothing more), as CUDA reports the errors of asynchronous work.
+    pub(crate) fn fault(&self, lane: u8, message: String, sticky: bool) {
+        self.push(lane, Item::Fault(message, sticky));
+    }
+
+    /// Whether the work before `event`, recorded on `lane`, is done. An
+    /// error is reported as CUDA's is (see `cuda::CudaGpu::query`): a
+    /// passing one once the lane's work is over, a sticky one as fatal.
+    pub(crate) fn query(&self, lane: u8, event: &SimEvent) -> Poll<Result<(), Settled>> {
+        let pending = {
+            let mut fault = self.fault.lock();
+            if let Some(m) = &fault.sticky {
+                return Poll::Ready(Err(Settled::Dead(m.clone())));
+            }
+            fault.pending.take()
+        };
+        if let Some(m) = pending {
+            // Synchronise the lane: a new event, waited for.
+            let reached = Arc::new(SimEvent::default());
+            self.signal(lane, reached.clone());
+            reached.wait();
+            return Poll::Ready(Err(Settled::Over(m)));
+        }
+        if event.is_done() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
     /// Lets the streams finish what they hold, then joins their threads.
     pub(crate) fn shutdown(&self) {
         for lane in self.lanes.iter() {
@@ -142,7 +194,7 @@ impl SimGpu {
     }
 }
 
-fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
+fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync), fault: &Mutex<Fault>) {
     let _device = super::DeviceThread::enter();
     loop {
         let item = {
@@ -157,12 +209,27 @@ fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
                 q = lane.ready.wait(q);
             }
         };
+        // After a sticky error the device runs nothing more (as CUDA's
+        // context does); its events are still reached, so nothing waits.
+        let dead = fault.lock().sticky.is_some();
         match item {
+            Item::Run(_) if dead => {}
+            Item::Wait(_) if dead => {}
             // Panics are caught inside `f` (see `Stream::enqueue`).
             Item::Run(f) => f(),
             Item::Wait(event) => event.wait(),
             Item::Signal(event) => {
                 event.signal();
+                reached();
+            }
+            Item::Fault(message, sticky) => {
+                let mut f = fault.lock();
+                if sticky {
+                    f.sticky.get_or_insert(message);
+                } else {
+                    f.pending.get_or_insert(message);
+                }
+                drop(f);
                 reached();
             }
         }
