@@ -430,6 +430,44 @@ fn an_error_reported_with_an_event_fails_the_op_once_the_lanes_work_is_over() {
     });
 }
 
+/// Ops finish on the device's poller, not on its launcher: a body that
+/// blocks the launcher does not hold up the completion of work already
+/// enqueued on another lane.
+#[test]
+fn a_blocking_body_does_not_delay_other_ops_completions() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (a, b) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let (open, shut) = gate();
+        let mut first = gated_store(&engine, gpu, Lane::Compute(0), &a, shut, 1);
+        // A body that blocks the launcher until released.
+        let (release_tx, release) = mpsc::channel::<()>();
+        let (entered_tx, entered) = mpsc::channel();
+        let blocking = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&b])
+            .run(move |_| {
+                entered_tx.send(()).unwrap();
+                release.recv().unwrap();
+                Ok(())
+            })
+            .unwrap();
+        entered.recv_timeout(Duration::from_secs(30)).unwrap();
+        // The first op's work ends while the launcher is blocked.
+        open.send(()).unwrap();
+        let done = first.wait_timeout(Duration::from_secs(10));
+        release_tx.send(()).unwrap();
+        assert!(
+            done.is_ok(),
+            "the completion waited for the launcher: {done:?}"
+        );
+        blocking.wait().unwrap();
+        assert_eq!(read_on_host(&engine, &a), 1);
+    });
+}
+
 #[test]
 fn resource_units_stay_taken_until_the_device_work_is_done() {
     within(60, || {

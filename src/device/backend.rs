@@ -12,6 +12,7 @@ use std::task::Poll;
 
 #[cfg(feature = "cuda")]
 use super::cuda;
+use super::poller::Wake;
 use super::sim;
 
 /// A device's event: the point in a stream after an op's work. Dropped with
@@ -25,6 +26,12 @@ enum Raw {
     Sim(Arc<sim::SimEvent>),
     #[cfg(feature = "cuda")]
     Cuda(cuda::RawEvent),
+}
+
+impl crate::core::fence::Watch for Event {
+    fn first_waiter(&self) {
+        self.backend.wake.waiter();
+    }
 }
 
 impl Drop for Event {
@@ -47,6 +54,8 @@ pub(crate) struct Backend {
     pub(crate) no_lane_waits: bool,
     /// The error that killed the device.
     dead: OnceLock<String>,
+    /// The poller's: told of fences' first waiters.
+    wake: Arc<Wake>,
 }
 
 /// The environment variable that, in debug builds only, turns the engine's
@@ -85,12 +94,13 @@ impl Backend {
         }
     }
 
-    pub(crate) fn new(compute: usize, gpu: Gpu) -> Self {
+    pub(crate) fn new(compute: usize, gpu: Gpu, wake: Arc<Wake>) -> Self {
         Self {
             compute,
             gpu,
             no_lane_waits: no_lane_waits(),
             dead: OnceLock::new(),
+            wake,
         }
     }
 

@@ -327,7 +327,7 @@ impl StreamDevice {
             #[cfg(feature = "cuda")]
             Spec::Cuda { ordinal, .. } => Gpu::Cuda(cuda::CudaGpu::new(*ordinal, lanes)?),
         };
-        let backend = Arc::new(Backend::new(compute, gpu));
+        let backend = Arc::new(Backend::new(compute, gpu, wake.clone()));
         let poller =
             Poller::start(name, lanes, backend.clone(), wake).map_err(|e| e.to_string())?;
         Ok(Self { backend, poller })

@@ -46,6 +46,9 @@ impl SimEvent {
     }
 }
 
+/// The loom models' events (the engine's are `backend::Event`).
+impl crate::core::fence::Watch for Arc<SimEvent> {}
+
 impl std::fmt::Debug for SimEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimEvent")

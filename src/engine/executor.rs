@@ -57,6 +57,11 @@ impl Exec {
     pub(crate) fn schedule(&self, op: Runner, yielded: bool) {
         match self {
             Exec::Pool(pool) => pool.schedule(op, yielded),
+            // An op its device's poller just completed finishes there (see
+            // `device::poller`); any other goes to the launcher.
+            Exec::Stream(_) if crate::device::poller::take_inline() => {
+                op.run();
+            }
             Exec::Stream(s) => s.launcher.schedule(op, yielded),
             Exec::Other(queue) => queue.schedule(op, yielded),
         }
