@@ -468,6 +468,45 @@ fn a_blocking_body_does_not_delay_other_ops_completions() {
     });
 }
 
+/// A device reuses the events of finished ops: over 10,000 ops, about as
+/// many events as were ever in flight at once, not one per op.
+#[test]
+fn events_are_reused() {
+    within(120, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        for batch in 0..100u64 {
+            for i in 0..100u64 {
+                let k = v.key();
+                engine
+                    .op()
+                    .on(gpu)
+                    .lane(Lane::Compute((i % 2) as u8))
+                    .mutates(&[&v])
+                    .run(move |ctx| {
+                        let m = ctx.write(k)?.clone();
+                        Ok(ctx.stream()?.enqueue(move || {
+                            m.fetch_add(1, SeqCst);
+                            Ok(())
+                        })?)
+                    })
+                    .unwrap();
+            }
+            engine.wait_for_var(&v).wait().unwrap();
+            assert_eq!(read_on_host(&engine, &v), (batch + 1) * 100);
+        }
+        let created = engine
+            .op()
+            .on(gpu)
+            .reads(&[&v])
+            .run(|ctx| Ok(ctx.stream()?.events_created()))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(created <= 200, "{created} events for 10,000 ops");
+    });
+}
+
 #[test]
 fn resource_units_stay_taken_until_the_device_work_is_done() {
     within(60, || {

@@ -7,18 +7,28 @@
 //! nothing more). From then on every call fails at once with that first
 //! error, and the poller fails every op in flight with it.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
+
+use crate::loom::sync::Mutex;
 
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::poller::Wake;
 use super::sim;
 
-/// A device's event: the point in a stream after an op's work. Dropped with
-/// its fence, once that work is done (the poller holds the fence until then).
+/// A device's event: the point in a stream after an op's work. Taken from
+/// its device's pool of spare events, and given back when dropped (with its
+/// fence, once that work is done: the poller holds the fence until then),
+/// so a device creates about as many events as it has ops in flight, not one
+/// per op. Reuse is sound: a stream wait already enqueued on an event keeps
+/// the record it saw (CUDA's `cuStreamWaitEvent`, and the simulated
+/// device's generations).
 pub(crate) struct Event {
     raw: Option<Raw>,
+    /// The simulated event's generation this use records.
+    generation: u64,
     backend: Arc<Backend>,
 }
 
@@ -28,6 +38,9 @@ enum Raw {
     Cuda(cuda::RawEvent),
 }
 
+/// Spare events a device keeps, at most; beyond that they are destroyed.
+const MAX_SPARE: usize = 4096;
+
 impl crate::core::fence::Watch for Event {
     fn first_waiter(&self) {
         self.backend.wake.waiter();
@@ -36,10 +49,13 @@ impl crate::core::fence::Watch for Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        match (self.raw.take(), &self.backend.gpu) {
-            #[cfg(feature = "cuda")]
-            (Some(Raw::Cuda(e)), Gpu::Cuda(gpu)) => gpu.destroy(e),
-            _ => {}
+        let Some(raw) = self.raw.take() else { return };
+        let mut spare = self.backend.spare.lock();
+        if spare.len() < MAX_SPARE {
+            spare.push(raw);
+        } else {
+            drop(spare);
+            self.backend.destroy(raw);
         }
     }
 }
@@ -56,6 +72,18 @@ pub(crate) struct Backend {
     dead: OnceLock<String>,
     /// The poller's: told of fences' first waiters.
     wake: Arc<Wake>,
+    /// Events not in use (see [`Event`]).
+    spare: Mutex<Vec<Raw>>,
+    /// Events created, in all.
+    created: AtomicUsize,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        for raw in std::mem::take(&mut *self.spare.lock()) {
+            self.destroy(raw);
+        }
+    }
 }
 
 /// The environment variable that, in debug builds only, turns the engine's
@@ -101,6 +129,21 @@ impl Backend {
             no_lane_waits: no_lane_waits(),
             dead: OnceLock::new(),
             wake,
+            spare: Mutex::new(Vec::new()),
+            created: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many events the device created (the rest were reused).
+    pub(crate) fn events_created(&self) -> usize {
+        self.created.load(Relaxed)
+    }
+
+    fn destroy(&self, raw: Raw) {
+        match (raw, &self.gpu) {
+            #[cfg(feature = "cuda")]
+            (Raw::Cuda(e), Gpu::Cuda(gpu)) => gpu.destroy(e),
+            _ => {}
         }
     }
 
@@ -122,15 +165,30 @@ impl Backend {
         }
     }
 
+    /// An event for one op: a spare one, or a new one.
     pub(crate) fn new_event(self: &Arc<Self>) -> Result<Event, String> {
         self.alive()?;
-        let raw = match &self.gpu {
-            Gpu::Sim(_) => Raw::Sim(Arc::default()),
+        let spare = self.spare.lock().pop();
+        let raw = match spare {
+            Some(raw) => raw,
+            None => {
+                let raw = match &self.gpu {
+                    Gpu::Sim(_) => Raw::Sim(Arc::default()),
+                    #[cfg(feature = "cuda")]
+                    Gpu::Cuda(gpu) => Raw::Cuda(gpu.new_event()?),
+                };
+                self.created.fetch_add(1, Relaxed);
+                raw
+            }
+        };
+        let generation = match &raw {
+            Raw::Sim(e) => e.next(),
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => Raw::Cuda(gpu.new_event()?),
+            Raw::Cuda(_) => 0,
         };
         Ok(Event {
             raw: Some(raw),
+            generation,
             backend: self.clone(),
         })
     }
@@ -141,7 +199,7 @@ impl Backend {
         self.alive()?;
         match (&self.gpu, event.raw()) {
             (Gpu::Sim(gpu), Raw::Sim(e)) => {
-                gpu.signal(lane, e.clone());
+                gpu.signal(lane, e.clone(), event.generation);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -159,7 +217,7 @@ impl Backend {
         }
         match (&self.gpu, event.raw()) {
             (Gpu::Sim(gpu), Raw::Sim(e)) => {
-                gpu.wait(lane, e.clone());
+                gpu.wait(lane, e.clone(), event.generation);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -174,9 +232,9 @@ impl Backend {
     /// dead ([`dead`](Self::dead) says which).
     pub(crate) fn query(&self, lane: u8, event: &Event) -> Poll<Result<(), String>> {
         match (&self.gpu, event.raw()) {
-            (Gpu::Sim(gpu), Raw::Sim(e)) => {
-                gpu.query(lane, e).map(|r| r.map_err(|s| self.settled(s)))
-            }
+            (Gpu::Sim(gpu), Raw::Sim(e)) => gpu
+                .query(lane, e, event.generation)
+                .map(|r| r.map_err(|s| self.settled(s))),
             #[cfg(feature = "cuda")]
             (Gpu::Cuda(gpu), Raw::Cuda(e)) => {
                 gpu.query(lane, e).map(|r| r.map_err(|s| self.settled(s)))

@@ -215,6 +215,13 @@ impl Stream {
         }
     }
 
+    /// Tests only: how many events the device has created so far (ops
+    /// reuse those of finished ops).
+    #[doc(hidden)]
+    pub fn events_created(&self) -> usize {
+        self.backend.events_created()
+    }
+
     /// Whether this is a simulated device's stream.
     pub fn is_simulated(&self) -> bool {
         self.backend.is_simulated()

@@ -13,34 +13,47 @@ use std::thread::JoinHandle;
 
 use super::backend::Settled;
 
-use crate::loom::sync::atomic::{AtomicU8, Ordering::*};
+use crate::loom::sync::atomic::{AtomicU64, Ordering::*};
 use crate::loom::sync::{Condvar, Mutex};
 
-/// An event of the simulated device.
+/// An event of the simulated device, reusable: each use records a new
+/// *generation* (1, 2, ...), which the stream *reaches* in turn. A wait for
+/// generation `g` is satisfied once the stream reached `g` or a later one,
+/// as a CUDA stream's wait is tied to the record current when it was made,
+/// not to later ones.
 #[derive(Default)]
 pub struct SimEvent {
-    done: AtomicU8,
+    /// The last generation handed out (`next`).
+    issued: AtomicU64,
+    /// The last generation the stream reached.
+    reached_gen: AtomicU64,
     lock: Mutex<()>,
     reached: Condvar,
 }
 
 impl SimEvent {
-    /// Whether the stream reached the event.
-    pub fn is_done(&self) -> bool {
-        self.done.load(Acquire) != 0
+    /// The generation of the event's next use.
+    pub fn next(&self) -> u64 {
+        self.issued.fetch_add(1, Relaxed) + 1
     }
 
-    /// The stream reached the event.
-    pub fn signal(&self) {
+    /// Whether the stream reached generation `generation`.
+    pub fn is_reached(&self, generation: u64) -> bool {
+        self.reached_gen.load(Acquire) >= generation
+    }
+
+    /// The stream reached generation `generation`.
+    pub fn signal(&self, generation: u64) {
         let _g = self.lock.lock();
-        self.done.store(1, Release);
+        self.reached_gen.fetch_max(generation, Release);
         self.reached.notify_all();
     }
 
-    /// Blocks the calling stream thread until the event is reached.
-    pub fn wait(&self) {
+    /// Blocks the calling stream thread until generation `generation` is
+    /// reached.
+    pub fn wait(&self, generation: u64) {
         let mut g = self.lock.lock();
-        while !self.is_done() {
+        while !self.is_reached(generation) {
             g = self.reached.wait(g);
         }
     }
@@ -52,15 +65,15 @@ impl crate::core::fence::Watch for Arc<SimEvent> {}
 impl std::fmt::Debug for SimEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimEvent")
-            .field("done", &self.is_done())
+            .field("reached", &self.reached_gen.load(Relaxed))
             .finish()
     }
 }
 
 enum Item {
     Run(Box<dyn FnOnce() + Send>),
-    Wait(Arc<SimEvent>),
-    Signal(Arc<SimEvent>),
+    Wait(Arc<SimEvent>, u64),
+    Signal(Arc<SimEvent>, u64),
     /// Tests: the device reports an error from here on (see
     /// [`SimGpu::fault`]).
     Fault(String, bool),
@@ -141,12 +154,14 @@ impl SimGpu {
         self.push(lane, Item::Run(f));
     }
 
-    pub(crate) fn wait(&self, lane: u8, event: Arc<SimEvent>) {
-        self.push(lane, Item::Wait(event));
+    /// Makes `lane` wait until generation `generation` of `event` is reached.
+    pub(crate) fn wait(&self, lane: u8, event: Arc<SimEvent>, generation: u64) {
+        self.push(lane, Item::Wait(event, generation));
     }
 
-    pub(crate) fn signal(&self, lane: u8, event: Arc<SimEvent>) {
-        self.push(lane, Item::Signal(event));
+    /// `lane` reaches generation `generation` of `event` after what it holds.
+    pub(crate) fn signal(&self, lane: u8, event: Arc<SimEvent>, generation: u64) {
+        self.push(lane, Item::Signal(event, generation));
     }
 
     /// Tests: once `lane` reaches this point, the device reports `message`
@@ -159,7 +174,12 @@ impl SimGpu {
     /// Whether the work before `event`, recorded on `lane`, is done. An
     /// error is reported as CUDA's is (see `cuda::CudaGpu::query`): a
     /// passing one once the lane's work is over, a sticky one as fatal.
-    pub(crate) fn query(&self, lane: u8, event: &SimEvent) -> Poll<Result<(), Settled>> {
+    pub(crate) fn query(
+        &self,
+        lane: u8,
+        event: &SimEvent,
+        generation: u64,
+    ) -> Poll<Result<(), Settled>> {
         let pending = {
             let mut fault = self.fault.lock();
             if let Some(m) = &fault.sticky {
@@ -170,11 +190,11 @@ impl SimGpu {
         if let Some(m) = pending {
             // Synchronise the lane: a new event, waited for.
             let reached = Arc::new(SimEvent::default());
-            self.signal(lane, reached.clone());
-            reached.wait();
+            self.signal(lane, reached.clone(), 1);
+            reached.wait(1);
             return Poll::Ready(Err(Settled::Over(m)));
         }
-        if event.is_done() {
+        if event.is_reached(generation) {
             Poll::Ready(Ok(()))
         } else {
             Poll::Pending
@@ -217,12 +237,12 @@ fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync), fault: &Mutex<Fault
         let dead = fault.lock().sticky.is_some();
         match item {
             Item::Run(_) if dead => {}
-            Item::Wait(_) if dead => {}
+            Item::Wait(..) if dead => {}
             // Panics are caught inside `f` (see `Stream::enqueue`).
             Item::Run(f) => f(),
-            Item::Wait(event) => event.wait(),
-            Item::Signal(event) => {
-                event.signal();
+            Item::Wait(event, generation) => event.wait(generation),
+            Item::Signal(event, generation) => {
+                event.signal(generation);
                 reached();
             }
             Item::Fault(message, sticky) => {
