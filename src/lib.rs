@@ -173,9 +173,14 @@ pub mod stream {
     //!
     //! Errors: a failed launch or a host function's error fails the op like any
     //! error; an error reported with the event fails the op when the poller sees
-    //! it, and poisons what it mutates. A consumer already enqueued behind a
+    //! it (once the lane's work is over: the poller synchronises it first), and
+    //! poisons what it mutates. A consumer already enqueued behind a
     //! failed op's event resolves to [`Error::Poisoned`](crate::Error::Poisoned)
-    //! with the original failure, and passes the poison on.
+    //! with the original failure, and passes the poison on. A sticky error
+    //! (an illegal address, a trap: the context runs nothing more) kills the
+    //! device: every op in flight fails with it, and later ops fail at once
+    //! with it, without running their bodies. Shutting a device down waits
+    //! for its streams 10 s at most, and for a dead device not at all.
     //!
     //! [`OpCtx::stream`]: crate::OpCtx::stream
 

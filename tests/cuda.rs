@@ -37,6 +37,7 @@ use depflow::{BoxError, Engine, Error, Executor, Lane, Var};
 const KERNELS: &str = r#"
 extern "C" __global__ void store(unsigned int* x, unsigned int v) { x[0] = v; }
 extern "C" __global__ void consume(unsigned int* x) { x[1] = x[0] * 10u + 2u; }
+extern "C" __global__ void trap_now() { __trap(); }
 extern "C" __global__ void bump(unsigned int* x, unsigned int expect) {
     // Counts, and records a broken order in x[1].
     if (x[0] != expect) { x[1] = 1u; }
@@ -59,6 +60,7 @@ struct Gpu {
     store: CudaFunction,
     consume: CudaFunction,
     bump: CudaFunction,
+    trap: CudaFunction,
 }
 
 /// The engine and the kernels, or None (printed) where there is no GPU.
@@ -99,6 +101,7 @@ fn gpu(test: &str) -> Option<Gpu> {
         store: module.load_function("store").unwrap(),
         consume: module.load_function("consume").unwrap(),
         bump: module.load_function("bump").unwrap(),
+        trap: module.load_function("trap_now").unwrap(),
         ctx,
     })
 }
@@ -339,4 +342,92 @@ fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
         text.contains("the consumer ran first"),
         "failed for another reason:\n{text}"
     );
+}
+
+const TRAP: &str = "a_trapping_kernel_kills_the_device";
+
+/// A kernel that traps leaves a sticky error: the device is dead, later ops
+/// fail at once with the original error (their bodies not run), and
+/// dropping the engine does not hang. Ignored: it kills the device's
+/// primary context for the whole process, so
+/// `a_trapping_kernel_kills_the_device_in_a_child_process` runs it alone.
+#[test]
+#[ignore]
+fn a_trapping_kernel_kills_the_device() {
+    within(60, || {
+        let Some(g) = gpu(TRAP) else {
+            return;
+        };
+        let v = g.engine.new_var();
+        let trap = g.trap.clone();
+        let trapped = g
+            .engine
+            .op()
+            .name("trap")
+            .on(g.gpu)
+            .mutates(&[&v])
+            .run(move |ctx| {
+                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+                let mut launch = stream.launch_builder(&trap);
+                // SAFETY: `trap_now` takes no argument.
+                unsafe { launch.launch(ONE) }?;
+                Ok::<_, BoxError>(())
+            })
+            .unwrap();
+        let original = match trapped.wait() {
+            Err(Error::Failed(f)) => f.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let w = g.engine.new_var();
+        let later = g
+            .engine
+            .op()
+            .on(g.gpu)
+            .mutates(&[&w])
+            .run({
+                let ran = ran.clone();
+                move |_| {
+                    ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+            .unwrap();
+        match later.wait() {
+            Err(Error::Failed(f)) => {
+                eprintln!("trap: {original}; later: {f}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+        drop((v, w));
+        drop(g.engine);
+    });
+}
+
+#[test]
+fn a_trapping_kernel_kills_the_device_in_a_child_process() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            TRAP,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("running 1 test"), "{text}");
+    assert!(out.status.success(), "{text}");
+    if text.contains("SKIPPED") {
+        let _ = skip::<()>(
+            "a_trapping_kernel_kills_the_device_in_a_child_process",
+            "the test it runs was skipped",
+        );
+    }
 }

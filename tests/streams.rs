@@ -507,6 +507,123 @@ fn events_are_reused() {
     });
 }
 
+/// After a sticky error (CUDA's illegal address, a trap) the device is
+/// dead: the ops in flight fail with that error, and later ops fail at once
+/// with it, their bodies not run.
+#[test]
+fn a_sticky_error_kills_the_device() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (v, w) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let (open, shut) = gate();
+        // In flight on lane 1 when the device dies.
+        let in_flight = gated_store(&engine, gpu, Lane::Compute(1), &w, shut, 1);
+        let trap = engine
+            .op()
+            .name("trap")
+            .on(gpu)
+            .mutates(&[&v])
+            .run(|ctx| {
+                Ok(ctx
+                    .stream()?
+                    .simulate_device_error("illegal address", true)?)
+            })
+            .unwrap();
+        for h in [trap, in_flight] {
+            match h.wait() {
+                Err(Error::Failed(f)) => assert!(f.to_string().contains("illegal address"), "{f}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let ran = Arc::new(AtomicBool::new(false));
+        let later = engine
+            .op()
+            .on(gpu)
+            .mutates(&[&engine.var(Mem::default())])
+            .run({
+                let ran = ran.clone();
+                move |_| {
+                    ran.store(true, SeqCst);
+                    Ok(())
+                }
+            })
+            .unwrap();
+        match later.wait() {
+            Err(Error::Failed(f)) => assert!(f.to_string().contains("illegal address"), "{f}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!ran.load(SeqCst), "a body ran on a dead device");
+        // (The held work may have been dropped unrun, with its gate.)
+        let _ = open.send(());
+    });
+}
+
+/// Dropping an engine whose device died while a stream was hung (here a
+/// host function that never returns) does not wait for that stream.
+#[test]
+fn dropping_an_engine_with_a_dead_device_and_a_hung_stream_returns() {
+    let (open, shut) = gate();
+    within(60, move || {
+        let (engine, gpu) = gpu_engine(1);
+        let (v, w) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let (started_tx, started) = mpsc::channel();
+        let hung = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&w])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    started_tx.send(()).unwrap();
+                    shut.pass();
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        // The stream is inside the function when the device dies.
+        started.recv_timeout(Duration::from_secs(30)).unwrap();
+        engine
+            .op()
+            .on(gpu)
+            .mutates(&[&v])
+            .run(|ctx| Ok(ctx.stream()?.simulate_device_error("trap", true)?))
+            .unwrap();
+        assert!(hung.wait().is_err());
+        drop((v, w));
+        drop(engine);
+    });
+    // Lets the hung stream's thread end.
+    open.send(()).unwrap();
+}
+
+/// An engine whose build fails after a stream device was built stops that
+/// device's threads (its poller used to wait forever, holding the streams).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failed_build_stops_the_stream_devices_it_built() {
+    let threads = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with("leak9-"))
+            .collect()
+    };
+    let built = Engine::builder()
+        .device("leak9", Executor::simulated_gpu(1))
+        .device("bad", Executor::pool(0))
+        .build();
+    assert!(matches!(built, Err(Error::Config(_))));
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !threads().is_empty() {
+        assert!(
+            std::time::Instant::now() < end,
+            "still running: {:?}",
+            threads()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn resource_units_stay_taken_until_the_device_work_is_done() {
     within(60, || {

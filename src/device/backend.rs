@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
+use std::time::Instant;
 
 use crate::loom::sync::Mutex;
 
@@ -270,11 +271,14 @@ impl Backend {
         matches!(self.gpu, Gpu::Sim(_))
     }
 
-    pub(crate) fn shutdown(&self) {
+    /// Lets the streams finish what they hold, waiting until `deadline` at
+    /// most; a dead device, which runs nothing more, not at all.
+    pub(crate) fn shutdown(&self, deadline: Instant) {
+        let deadline = self.dead().is_none().then_some(deadline);
         match &self.gpu {
-            Gpu::Sim(gpu) => gpu.shutdown(),
+            Gpu::Sim(gpu) => gpu.shutdown(deadline),
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => gpu.shutdown(),
+            Gpu::Cuda(gpu) => gpu.shutdown(deadline),
         }
     }
 }

@@ -41,6 +41,7 @@
 
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
@@ -211,14 +212,34 @@ impl CudaGpu {
         })
     }
 
-    /// Waits for the device to finish (the engine drained already).
-    pub(crate) fn shutdown(&self) {
-        if self.bind().is_err() {
-            return;
-        }
-        for lane in 0..self.lanes.len() {
-            // SAFETY: the stream is this context's and alive.
-            let _ = unsafe { result::stream::synchronize(self.cu(lane as u8)) };
+    /// Waits for the streams to finish what they hold (nothing, after the
+    /// engine drained, unless an op was dropped mid-work), until `deadline`
+    /// at most (None: not at all): an event recorded on each, queried, so
+    /// that a hung kernel cannot hold the shutdown forever (as
+    /// `cuStreamSynchronize` would).
+    pub(crate) fn shutdown(&self, deadline: Option<Instant>) {
+        let Some(deadline) = deadline else { return };
+        let ends: Vec<(u8, RawEvent)> = (0..self.lanes.len() as u8)
+            .filter_map(|lane| {
+                let event = self.new_event().ok()?;
+                match self.record(lane, &event) {
+                    Ok(()) => Some((lane, event)),
+                    Err(_) => {
+                        self.destroy(event);
+                        None
+                    }
+                }
+            })
+            .collect();
+        let mut pause = Duration::from_micros(50);
+        for (lane, event) in ends {
+            while self.query(lane, &event).is_pending() && Instant::now() < deadline {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
+            // Destroying an event not reached yet is allowed: the driver
+            // releases it once reached.
+            self.destroy(event);
         }
     }
 }

@@ -20,6 +20,9 @@ pub(crate) mod sim;
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use self::backend::Gpu;
 pub(crate) use self::backend::{Backend, Event};
@@ -60,6 +63,70 @@ impl Drop for DeviceThread {
 
 /// Lanes a stream device may have in all (compute plus the two copy lanes).
 pub(crate) const MAX_LANES: usize = 31;
+
+/// How long a stream device's shutdown waits for its threads and streams
+/// to finish what they hold (nothing, after the engine drained, unless an
+/// op was dropped mid-work or a kernel hangs); then it leaves them.
+pub(crate) const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Threads a device started, and how many of them are still running: each
+/// holds an [`Exiting`] that counts it out when it returns.
+#[derive(Default)]
+pub(crate) struct Threads {
+    handles: crate::loom::sync::Mutex<Vec<JoinHandle<()>>>,
+    running: crate::loom::sync::Mutex<usize>,
+    exited: crate::loom::sync::Condvar,
+}
+
+/// Held by a device thread; counts it out when dropped (as it returns).
+pub(crate) struct Exiting(Arc<Threads>);
+
+impl Drop for Exiting {
+    fn drop(&mut self) {
+        *self.0.running.lock() -= 1;
+        self.0.exited.notify_all();
+    }
+}
+
+impl Threads {
+    /// Spawns a device thread named `name` running `f`.
+    pub(crate) fn spawn(
+        self: &Arc<Self>,
+        name: String,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        *self.running.lock() += 1;
+        let exiting = Exiting(self.clone());
+        let t = std::thread::Builder::new().name(name).spawn(move || {
+            let _exiting = exiting;
+            f();
+        })?;
+        self.handles.lock().push(t);
+        Ok(())
+    }
+
+    /// Joins the threads once they all returned, waiting until `deadline`
+    /// at most (and not at all from a device's own thread, which may be one
+    /// of them); threads still running then are left to finish on their own.
+    pub(crate) fn join(&self, deadline: Option<Instant>) {
+        let handles = std::mem::take(&mut *self.handles.lock());
+        let mut running = self.running.lock();
+        while *running > 0 {
+            let Some(left) = deadline
+                .filter(|_| !on_device_thread())
+                .and_then(|d| d.checked_duration_since(Instant::now()))
+                .filter(|left| !left.is_zero())
+            else {
+                return; // dropping `handles` detaches them
+            };
+            running = self.exited.wait_timeout(running, left).0;
+        }
+        drop(running);
+        for t in handles {
+            let _ = t.join();
+        }
+    }
+}
 
 /// Which stream of a stream device an op's work goes to
 /// ([`OpBuilder::lane`](crate::OpBuilder::lane)).
@@ -314,6 +381,8 @@ impl Spec {
 pub(crate) struct StreamDevice {
     pub(crate) backend: Arc<Backend>,
     pub(crate) poller: Poller,
+    /// Shut down already (it runs once: by the engine, or by the drop).
+    stopped: AtomicBool,
 }
 
 impl StreamDevice {
@@ -337,7 +406,11 @@ impl StreamDevice {
         let backend = Arc::new(Backend::new(compute, gpu, wake.clone()));
         let poller =
             Poller::start(name, lanes, backend.clone(), wake).map_err(|e| e.to_string())?;
-        Ok(Self { backend, poller })
+        Ok(Self {
+            backend,
+            poller,
+            stopped: AtomicBool::new(false),
+        })
     }
 
     /// The index of `lane` on this device, if it has it.
@@ -345,11 +418,26 @@ impl StreamDevice {
         lane.index(self.backend.compute)
     }
 
-    /// Stops the poller (nothing is in flight: the engine drained), then
-    /// the backend's own threads.
+    /// Stops the poller once what it watches is done, then the backend's
+    /// streams and threads, waiting for each until [`SHUTDOWN_DEADLINE`] at
+    /// most (after the engine drained they hold nothing, unless an op was
+    /// dropped mid-work or a kernel hangs): what is still running then is
+    /// left to finish on its own. A dead device is not waited for (it runs
+    /// nothing more). Idempotent; run by the drop too (a failed engine
+    /// build drops the devices it built).
     pub(crate) fn shutdown(&self) {
-        self.poller.shutdown();
-        self.backend.shutdown();
+        if self.stopped.swap(true, SeqCst) {
+            return;
+        }
+        let deadline = Instant::now() + SHUTDOWN_DEADLINE;
+        self.poller.shutdown(deadline);
+        self.backend.shutdown(deadline);
+    }
+}
+
+impl Drop for StreamDevice {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 

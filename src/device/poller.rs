@@ -26,10 +26,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use std::task::{Poll, Waker};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Backend, Fence};
+use super::{Backend, Fence, Threads};
 use crate::error::{FailureKind, OpFailure};
 use crate::loom::sync::{Condvar, Mutex};
 
@@ -129,7 +128,7 @@ fn finish_here(owner: Waker) {
 
 pub(crate) struct Poller {
     wake: Arc<Wake>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Arc<Threads>,
 }
 
 impl Poller {
@@ -139,16 +138,12 @@ impl Poller {
         device: Arc<Backend>,
         wake: Arc<Wake>,
     ) -> std::io::Result<Self> {
-        let thread = std::thread::Builder::new()
-            .name(format!("{name}-poll"))
-            .spawn({
-                let wake = wake.clone();
-                move || run(&wake, &device, lanes)
-            })?;
-        Ok(Self {
-            wake,
-            thread: Mutex::new(Some(thread)),
-        })
+        let thread = Arc::new(Threads::default());
+        thread.spawn(format!("{name}-poll"), {
+            let wake = wake.clone();
+            move || run(&wake, &device, lanes)
+        })?;
+        Ok(Self { wake, thread })
     }
 
     /// Hands the poller an op's work in flight.
@@ -157,16 +152,12 @@ impl Poller {
         self.wake.cv.notify_one();
     }
 
-    /// Stops the thread once what it watches is done, and joins it.
-    pub(crate) fn shutdown(&self) {
+    /// Stops the thread once what it watches is done, and joins it, waiting
+    /// until `deadline` at most (see `Threads::join`).
+    pub(crate) fn shutdown(&self, deadline: Instant) {
         self.wake.lock().stop = true;
         self.wake.cv.notify_one();
-        let thread = self.thread.lock().take();
-        if let Some(t) = thread
-            && t.thread().id() != std::thread::current().id()
-        {
-            let _ = t.join();
-        }
+        self.thread.join(Some(deadline));
     }
 }
 
@@ -429,7 +420,6 @@ mod tests {
         drop(open);
         eventually("the fence completes", || fence.is_done());
         assert_eq!(dev.poller.wake.waited.load(Relaxed), 0);
-        dev.shutdown();
     }
 
     #[test]
@@ -448,7 +438,6 @@ mod tests {
         });
         drop(open);
         eventually("both complete", || second.is_done());
-        dev.shutdown();
     }
 
     #[test]

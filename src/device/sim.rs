@@ -9,8 +9,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::Poll;
-use std::thread::JoinHandle;
+use std::time::Instant;
 
+use super::Threads;
 use super::backend::Settled;
 
 use crate::loom::sync::atomic::{AtomicU64, Ordering::*};
@@ -104,7 +105,7 @@ struct Lane {
 /// The simulated device: its streams' threads.
 pub(crate) struct SimGpu {
     lanes: Box<[Arc<Lane>]>,
-    threads: crate::loom::sync::Mutex<Vec<JoinHandle<()>>>,
+    threads: Arc<Threads>,
     fault: Arc<Mutex<Fault>>,
 }
 
@@ -116,32 +117,22 @@ impl SimGpu {
         lanes: usize,
         reached: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
-        let lanes: Box<[Arc<Lane>]> = (0..lanes).map(|_| Arc::default()).collect();
-        let fault: Arc<Mutex<Fault>> = Arc::default();
-        let mut threads = Vec::with_capacity(lanes.len());
-        for (i, lane) in lanes.iter().enumerate() {
-            let (lane, reached, f) = (lane.clone(), reached.clone(), fault.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("{name}-stream{i}"))
-                .spawn(move || run_lane(&lane, &*reached, &f));
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    let gpu = Self {
-                        lanes,
-                        threads: crate::loom::sync::Mutex::new(threads),
-                        fault,
-                    };
-                    gpu.shutdown();
-                    return Err(e);
-                }
+        let gpu = Self {
+            lanes: (0..lanes).map(|_| Arc::default()).collect(),
+            threads: Arc::default(),
+            fault: Arc::default(),
+        };
+        for (i, lane) in gpu.lanes.iter().enumerate() {
+            let (lane, reached, f) = (lane.clone(), reached.clone(), gpu.fault.clone());
+            let spawned = gpu.threads.spawn(format!("{name}-stream{i}"), move || {
+                run_lane(&lane, &*reached, &f)
+            });
+            if let Err(e) = spawned {
+                gpu.shutdown(None);
+                return Err(e);
             }
         }
-        Ok(Self {
-            lanes,
-            threads: crate::loom::sync::Mutex::new(threads),
-            fault,
-        })
+        Ok(gpu)
     }
 
     fn push(&self, lane: u8, item: Item) {
@@ -201,19 +192,15 @@ impl SimGpu {
         }
     }
 
-    /// Lets the streams finish what they hold, then joins their threads.
-    pub(crate) fn shutdown(&self) {
+    /// Lets the streams finish what they hold, then joins their threads,
+    /// waiting until `deadline` at most (None: not at all; see
+    /// `Threads::join`).
+    pub(crate) fn shutdown(&self, deadline: Option<Instant>) {
         for lane in self.lanes.iter() {
             lane.queue.lock().stop = true;
             lane.ready.notify_one();
         }
-        let threads = std::mem::take(&mut *self.threads.lock());
-        let me = std::thread::current().id();
-        for t in threads {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
+        self.threads.join(deadline);
     }
 }
 
