@@ -22,8 +22,8 @@
 //! memory would block the engine's launcher thread until done, serializing
 //! the pipeline). Otherwise (no feature, no driver, no GPU, or a GPU but no
 //! NVRTC, which the example names) the same program runs on a simulated GPU
-//! (`Executor::simulated_gpu`): a host thread per stream runs enqueued
-//! closures, through the same launcher, event and completion code.
+//! (`Executor::simulated_gpu`): a host thread per stream runs the
+//! simulated closures (`Stream::simulate`), through the same launcher, event and completion code.
 
 #[path = "gpu/backend.rs"]
 mod backend;

@@ -184,7 +184,7 @@ pub mod stream {
     //!
     //! [`OpCtx::stream`]: crate::OpCtx::stream
 
-    pub use crate::device::{Lane, Stream, cuda_device_count};
+    pub use crate::device::{Lane, SimMemory, SimView, Stream, cuda_device_count};
 }
 
 // The public types cross threads as their docs promise (checked at compile

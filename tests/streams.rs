@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::within;
+use depflow::stream::SimMemory;
 use depflow::{Engine, Error, Executor, Lane, OpHandle, Var};
 
 /// "Device memory": a cell the enqueued work updates.
@@ -96,7 +97,9 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
                 let v = v.key();
                 move |ctx| {
                     let m = ctx.write(v)?.clone();
-                    ctx.stream()?.enqueue(move || {
+                    // A kernel's stand-in: it runs on its lane's thread,
+                    // not behind the producer's host function.
+                    ctx.stream()?.simulate(move || {
                         // Stream order across lanes: the producer's store first.
                         let seen = m.load(SeqCst);
                         m.store(seen * 10 + 2, SeqCst);
@@ -622,6 +625,155 @@ fn a_failed_build_stops_the_stream_devices_it_built() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The simulated device runs host functions one at a time, as CUDA may:
+/// one on another stream does not run while the first one runs.
+#[test]
+fn host_functions_of_different_streams_run_one_at_a_time() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (other_tx, other_ran) = mpsc::channel::<()>();
+        let (seen_tx, seen) = mpsc::channel();
+        let (started_tx, started) = mpsc::channel::<()>();
+        engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(0))
+            .mutates(&[&a])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    started_tx.send(()).unwrap();
+                    let concurrent = other_ran.recv_timeout(Duration::from_millis(300)).is_ok();
+                    seen_tx.send(concurrent).unwrap();
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        started.recv_timeout(Duration::from_secs(30)).unwrap();
+        let other = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&b])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    let _ = other_tx.send(());
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        assert!(
+            !seen.recv().unwrap(),
+            "another stream's host function ran during this one"
+        );
+        other.wait().unwrap();
+    });
+}
+
+/// A host function counts as inside its op: a blocking wait there is
+/// refused (it could wait for work queued behind it), not a hang.
+#[test]
+fn a_blocking_wait_in_a_host_function_is_refused() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (open, shut) = gate();
+        let pending = engine
+            .push(&[], &[&a], move |_| {
+                shut.pass();
+                Ok(())
+            })
+            .unwrap();
+        let (got_tx, got) = mpsc::channel();
+        engine
+            .op()
+            .on(gpu)
+            .mutates(&[&b])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    got_tx.send(pending.wait()).unwrap();
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        let got = got.recv_timeout(Duration::from_secs(10));
+        open.send(()).unwrap();
+        assert!(matches!(got, Ok(Err(Error::BlockingInOp))), "{got:?}");
+        engine.wait_all().wait().unwrap();
+    });
+}
+
+/// A body that replaces device memory an earlier op's work still uses:
+/// dropped there, the memory is freed under that work, which the simulated
+/// device's memory reports; handed to `drop_after`, it goes once the work
+/// is done.
+fn replace_memory_under_a_reader(hand_on: bool) -> Result<u32, Error> {
+    let (engine, gpu) = gpu_engine(1);
+    let buf = engine.var(SimMemory::new(vec![7u32; 4]));
+    let k = buf.key();
+    let (open, shut) = gate();
+    // The reader: its lane is held, then its kernel reads the memory.
+    let reader = engine
+        .op()
+        .on(gpu)
+        .lane(Lane::Compute(0))
+        .reads(&[&buf])
+        .run(move |ctx| {
+            let view = ctx.read(k)?.view();
+            let s = ctx.stream()?;
+            s.enqueue(move || {
+                shut.pass();
+                Ok(())
+            })?;
+            let (sum_tx, sum) = mpsc::channel();
+            s.simulate(move || {
+                sum_tx.send(view.with(|x| x.iter().sum::<u32>())?).unwrap();
+                Ok(())
+            })?;
+            Ok(sum)
+        })
+        .unwrap();
+    let (ran_tx, ran) = mpsc::channel();
+    let writer = engine
+        .op()
+        .on(gpu)
+        .lane(Lane::Compute(1))
+        .mutates(&[&buf])
+        .run(move |ctx| {
+            let old = std::mem::replace(&mut *ctx.write(k)?, SimMemory::new(vec![0u32; 8]));
+            if hand_on {
+                ctx.stream()?.drop_after(old);
+            } else {
+                drop(old);
+            }
+            ran_tx.send(()).unwrap();
+            Ok(())
+        })
+        .unwrap();
+    // The writer's body ran (it dropped or handed on the old memory) while
+    // the reader's work waits.
+    ran.recv_timeout(Duration::from_secs(30)).unwrap();
+    open.send(()).unwrap();
+    let sum = reader.wait()?;
+    writer.wait()?;
+    Ok(sum.recv().unwrap())
+}
+
+#[test]
+fn memory_dropped_in_a_body_is_freed_under_earlier_work() {
+    within(60, || match replace_memory_under_a_reader(false) {
+        Err(Error::Failed(f)) => assert!(f.to_string().contains("use after free"), "{f}"),
+        other => panic!("{other:?}"),
+    });
+}
+
+#[test]
+fn memory_handed_to_drop_after_outlives_earlier_work() {
+    within(60, || {
+        assert_eq!(replace_memory_under_a_reader(true).unwrap(), 28);
+    });
 }
 
 #[test]

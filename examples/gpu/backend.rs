@@ -61,7 +61,7 @@ pub trait Gpu: Send + Sync + 'static {
 // ---- The simulated GPU ----
 
 /// A GPU simulated by `Executor::simulated_gpu`: kernels and copies are host
-/// closures, run by a thread per stream.
+/// closures, run by a thread per stream (`Stream::simulate`).
 pub struct Sim;
 
 /// The simulated GPU's memory: a buffer that the streams' closures lock (a
@@ -75,7 +75,7 @@ fn lock(b: &SimBuf) -> Result<MutexGuard<'_, Vec<f32>>, String> {
 
 fn sim_copy(s: &Stream, src: &SimBuf, dst: &SimBuf) -> Res {
     let (src, dst) = (src.clone(), dst.clone());
-    s.enqueue(move || {
+    s.simulate(move || {
         lock(&dst)?.copy_from_slice(&lock(&src)?);
         Ok(())
     })?;
@@ -96,7 +96,7 @@ impl Gpu for Sim {
     }
     fn kernel(&self, s: &Stream, x: &mut SimBuf) -> Res {
         let x = x.clone();
-        s.enqueue(move || {
+        s.simulate(move || {
             lock(&x)?.iter_mut().for_each(|v| *v = f(*v));
             Ok(())
         })?;

@@ -292,6 +292,7 @@ fn enqueue<B: Body, H: Host>(
     };
     #[cfg(debug_assertions)]
     warn_if_long(op, started.elapsed());
+    let deferred = stream.take_deferred();
     drop(stream);
     let (value, body_failure) = match outcome {
         Ok(value) => (Some(value), None),
@@ -307,6 +308,7 @@ fn enqueue<B: Body, H: Host>(
                 body_failure,
                 name: op.failure_name(),
                 owner: Some(cx.waker().clone()),
+                deferred,
             });
         }
         Err(m) => {
@@ -317,6 +319,12 @@ fn enqueue<B: Body, H: Host>(
             fence.complete(Err(
                 body_failure.unwrap_or_else(|| op.failure(FailureKind::Device(m)))
             ));
+            // The lane's work is over: what the body handed to `drop_after`
+            // may go (here, on the launcher, which keeps the context current).
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(deferred)));
+            if let Err(payload) = dropped {
+                host.record_failure(dropping_failed(op, "a value handed to drop_after", payload));
+            }
             op.publish(&fence);
             op.release_enqueued(true, host);
         }

@@ -245,8 +245,21 @@ impl Backend {
         }
     }
 
-    /// Runs `f` on the host once `lane` reaches it.
+    /// Runs `f` on the host once `lane` reaches it (a host function).
     pub(crate) fn enqueue_host(&self, lane: u8, f: Box<dyn FnOnce() + Send>) -> Result<(), String> {
+        self.alive()?;
+        match &self.gpu {
+            Gpu::Sim(gpu) => {
+                gpu.host(lane, f);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(gpu) => gpu.enqueue_host(lane, f),
+        }
+    }
+
+    /// Runs `f` as `lane`'s own device work (the simulated device only).
+    pub(crate) fn enqueue_work(&self, lane: u8, f: Box<dyn FnOnce() + Send>) -> Result<(), String> {
         self.alive()?;
         match &self.gpu {
             Gpu::Sim(gpu) => {
@@ -254,7 +267,9 @@ impl Backend {
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => gpu.enqueue_host(lane, f),
+            Gpu::Cuda(_) => {
+                Err("`Stream::simulate` on a CUDA device: launch kernels on `Stream::cuda`".into())
+            }
         }
     }
 

@@ -1,6 +1,8 @@
 //! Stream devices, op-agnostic: backends (simulated, CUDA) with their
-//! streams and events, the [`Stream`] an op's body enqueues on, and the
-//! poller that completes fences when their events are reached.
+//! streams and pooled events, the [`Stream`] an op's body enqueues on, the
+//! poller that completes fences when their events are reached (and runs
+//! the ops' completions), the simulated device's memory, and the device's
+//! threads with their bounded shutdown.
 //!
 //! How an op runs on a stream device (enqueue, record its fence, hand its
 //! variables on, complete with the event) is the dependency layer's
@@ -14,8 +16,11 @@
 mod backend;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod memory;
 pub(crate) mod poller;
 pub(crate) mod sim;
+
+pub use self::memory::{SimMemory, SimView};
 
 use std::cell::Cell;
 use std::fmt;
@@ -210,7 +215,12 @@ pub struct Stream {
     backend: Arc<Backend>,
     lane: u8,
     fence: Arc<Fence>,
+    /// Values handed to [`drop_after`](Stream::drop_after).
+    deferred: crate::loom::sync::Mutex<Vec<Deferred>>,
 }
+
+/// A value the engine drops once an op's device work is done.
+pub(crate) type Deferred = Box<dyn Send>;
 
 impl Stream {
     /// Lane `lane` of `backend`, whose host functions report to `fence`.
@@ -219,7 +229,13 @@ impl Stream {
             backend,
             lane,
             fence,
+            deferred: crate::loom::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// What the body handed to [`drop_after`](Stream::drop_after).
+    pub(crate) fn take_deferred(&self) -> Vec<Deferred> {
+        std::mem::take(&mut *self.deferred.lock())
     }
 
     /// The lane this op's work goes to.
@@ -231,7 +247,24 @@ impl Stream {
     /// enqueued before it on this stream, and the stream's later work waits
     /// for it. An `Err` fails the op (its handle resolves to
     /// [`Error::Failed`] with the message once the op's work is done) and
-    /// poisons what it mutates. On a CUDA device it must not call CUDA.
+    /// poisons what it mutates; so does a panic.
+    ///
+    /// # Rules
+    ///
+    /// A host function is part of its op's device work, and CUDA runs it
+    /// on a driver thread, where it may serialise the host functions of all
+    /// streams:
+    ///
+    /// - It must not wait for other work of the device (another stream's
+    ///   host function, an event, an op of the engine): that work may be
+    ///   queued behind it. Blocking waits on the engine there are refused
+    ///   ([`Error::BlockingInOp`]), as inside an op's body. The simulated
+    ///   device runs every stream's host functions on one thread too, so
+    ///   such a wait deadlocks there as well, not only on a GPU.
+    /// - On a CUDA device it must not call CUDA, and neither may the drop of
+    ///   anything it captures (a `CudaSlice` captured by the closure is
+    ///   freed where the closure is dropped, inside the callback): hand such
+    ///   values to [`drop_after`](Self::drop_after) instead.
     ///
     /// # Errors
     ///
@@ -240,10 +273,90 @@ impl Stream {
         &self,
         f: impl FnOnce() -> Result<(), String> + Send + 'static,
     ) -> Result<(), Error> {
+        self.backend
+            .enqueue_host(self.lane, self.job(f))
+            .map_err(Error::Stream)
+    }
+
+    /// Hands `value` to the engine, to drop once this op's device work is
+    /// done, and with it every earlier use of the variables the op mutates
+    /// (the op's stream waited for those before its work); on the device's
+    /// poller thread, which keeps a CUDA device's context current.
+    ///
+    /// This is how a body replaces or drops device memory that earlier ops
+    /// may still be using: those ops' work may still run on other lanes
+    /// when the body runs, and a drop there would free the memory under
+    /// them (a `CudaSlice` is freed on the stream it was allocated on,
+    /// ordered with nothing else). A panic of the drop fails the op.
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor, Lane};
+    /// use depflow::stream::SimMemory;
+    ///
+    /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(2)).build()?;
+    /// let gpu = engine.device("gpu").unwrap();
+    /// let buf = engine.var(SimMemory::new(vec![0u32; 4]));
+    /// let k = buf.key();
+    /// engine.op().on(gpu).lane(Lane::Compute(1)).mutates(&[&buf]).run(move |ctx| {
+    ///     // A bigger buffer; an earlier op's kernel may still read the old one.
+    ///     let old = std::mem::replace(&mut *ctx.write(k)?, SimMemory::new(vec![0u32; 8]));
+    ///     ctx.stream()?.drop_after(old);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn drop_after(&self, value: impl Send + 'static) {
+        self.deferred.lock().push(Box::new(value));
+    }
+
+    /// On a simulated device: enqueues `f` as the stream's own device work,
+    /// a kernel's or a copy's stand-in. It runs on the stream's thread,
+    /// after the work enqueued before it, concurrently with other streams'
+    /// work (host functions, [`enqueue`](Self::enqueue), run one at a time
+    /// instead). An `Err` or a panic fails the op as in `enqueue`.
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor, Lane};
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    ///
+    /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(2)).build()?;
+    /// let gpu = engine.device("gpu").unwrap();
+    /// let x = engine.var(Arc::new(AtomicU64::new(1)));
+    /// let k = x.key();
+    /// engine.op().on(gpu).lane(Lane::Compute(1)).mutates(&[&x]).run(move |ctx| {
+    ///     let x = ctx.write(k)?.clone();
+    ///     Ok(ctx.stream()?.simulate(move || { x.fetch_add(1, SeqCst); Ok(()) })?)
+    /// })?;
+    /// let got = engine.push(&[&x], &[], move |ctx| Ok(ctx.read(k)?.load(SeqCst)))?;
+    /// assert_eq!(got.wait()?, 2);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Stream`] on a CUDA device (launch kernels on
+    /// [`cuda`](Self::cuda) there), or if the device refused it.
+    pub fn simulate(
+        &self,
+        f: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> Result<(), Error> {
+        self.backend
+            .enqueue_work(self.lane, self.job(f))
+            .map_err(Error::Stream)
+    }
+
+    /// `f` as a job for the device: marked as device work, its error or
+    /// panic reported to the op's fence.
+    fn job(
+        &self,
+        f: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> Box<dyn FnOnce() + Send> {
         let fence = self.fence.clone();
-        let job = Box::new(move || {
-            // A host function runs on a thread of the device's (CUDA's own,
-            // on a CUDA device): marked as such.
+        Box::new(move || {
+            // It runs on a thread of the device's (CUDA's own, for a host
+            // function on a CUDA device): marked as such, so that blocking
+            // waits there are refused.
             let _device = DeviceThread::enter();
             // Caught here: a panic must not unwind into the device's thread
             // (across the FFI boundary, on CUDA).
@@ -255,10 +368,7 @@ impl Stream {
                     crate::error::panic_message(p.as_ref())
                 )),
             }
-        });
-        self.backend
-            .enqueue_host(self.lane, job)
-            .map_err(Error::Stream)
+        })
     }
 
     /// Tests only, on a simulated device: once the lane reaches this point
@@ -331,6 +441,10 @@ impl Stream {
     ///   [`Executor::on_thread_start`](crate::Executor::on_thread_start).
     ///   Allocate from an engine lane rather than the null stream
     ///   (`ctx.default_stream()`), which the engine's lanes do not wait for.
+    /// - **Memory a body replaces or drops** (`*ctx.write(d)? =
+    ///   stream.alloc_zeros(n)?`) may still be read by earlier ops' kernels
+    ///   on other lanes: hand the old value to
+    ///   [`drop_after`](Self::drop_after) rather than dropping it there.
     /// - A host function ([`enqueue`](Self::enqueue)) runs on a driver
     ///   thread: it must not call CUDA, nor may the drop of anything it
     ///   captures.

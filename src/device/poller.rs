@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::{Backend, Fence, Threads};
+use super::{Backend, Deferred, Fence, Threads};
 use crate::error::{FailureKind, OpFailure};
 use crate::loom::sync::{Condvar, Mutex};
 
@@ -51,6 +51,9 @@ pub(crate) struct Entry {
     pub(crate) name: Option<Cow<'static, str>>,
     /// The op's own task, woken (and run here) once the fence completes.
     pub(crate) owner: Option<Waker>,
+    /// What the body handed to `Stream::drop_after`: dropped here once the
+    /// work is done, before the fence completes.
+    pub(crate) deferred: Vec<Deferred>,
 }
 
 #[derive(Default)]
@@ -295,14 +298,26 @@ fn complete(entry: Entry, outcome: Result<(), String>, wake: &Wake) {
         body_failure,
         name,
         owner,
+        deferred,
     } = entry;
+    // The work is over (or the device dead): the values the body handed on
+    // may go, on this thread (which keeps a CUDA context current). A panic
+    // there fails the op, unless something else did.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(deferred)))
+        .err()
+        .map(|p| {
+            format!(
+                "a value handed to drop_after panicked when dropped: {}",
+                crate::error::panic_message(p.as_ref())
+            )
+        });
     // In program order: an input's failure, the body's, the device's.
     let inherited = parents.iter().find_map(|p| p.failure());
     let own = || {
         if body_failure.is_some() {
             return body_failure;
         }
-        let message = outcome.err().or_else(|| fence.take_fault())?;
+        let message = outcome.err().or_else(|| fence.take_fault()).or(dropped)?;
         Some(Arc::new(OpFailure::new(name, FailureKind::Device(message))))
     };
     match inherited {
@@ -400,6 +415,7 @@ mod tests {
             body_failure: None,
             name: None,
             owner: None,
+            deferred: Vec::new(),
         });
     }
 

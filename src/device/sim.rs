@@ -1,6 +1,11 @@
-//! A simulated GPU: one host thread per stream runs what is enqueued on it,
-//! in order; an event completes when its stream reaches it; a stream told to
-//! wait for an event blocks (that stream's thread only) until it completes.
+//! A simulated GPU: one host thread per stream runs the device work
+//! enqueued on it (`Stream::simulate`), in order; an event completes when
+//! its stream reaches it; a stream told to wait for an event blocks (that
+//! stream's thread only) until it completes. Host functions
+//! (`Stream::enqueue`) all run on one more thread, one at a time, each
+//! stream waiting for its own: CUDA may serialise them so, and a host
+//! function that waits for another stream's host function would deadlock
+//! there; here it deadlocks too, rather than only on a GPU.
 //!
 //! It drives the very launcher, fence and poller code a CUDA device does, so
 //! the stream machinery is tested where there is no GPU (`tests/streams.rs`,
@@ -72,7 +77,11 @@ impl std::fmt::Debug for SimEvent {
 }
 
 enum Item {
+    /// Device work (`Stream::simulate`): run on the lane's thread.
     Run(Box<dyn FnOnce() + Send>),
+    /// A host function (`Stream::enqueue`): run on the device's host
+    /// function thread, the lane waiting for it.
+    Host(Box<dyn FnOnce() + Send>),
     Wait(Arc<SimEvent>, u64),
     Signal(Arc<SimEvent>, u64),
     /// Tests: the device reports an error from here on (see
@@ -102,16 +111,21 @@ struct Lane {
     ready: crate::loom::sync::Condvar,
 }
 
-/// The simulated device: its streams' threads.
+/// The simulated device: its streams' threads, and the one thread that
+/// runs every stream's host functions, one at a time (as CUDA may).
 pub(crate) struct SimGpu {
     lanes: Box<[Arc<Lane>]>,
     threads: Arc<Threads>,
     fault: Arc<Mutex<Fault>>,
 }
 
+/// A host function handed to the host function thread, and the generation
+/// of its lane's event that says it returned.
+type HostCall = (Box<dyn FnOnce() + Send>, Arc<SimEvent>, u64);
+
 impl SimGpu {
-    /// Starts `lanes` stream threads; `reached` is called after each event
-    /// completes (to wake the poller).
+    /// Starts `lanes` stream threads and the host function thread;
+    /// `reached` is called after each event completes (to wake the poller).
     pub(crate) fn new(
         name: &str,
         lanes: usize,
@@ -122,12 +136,29 @@ impl SimGpu {
             threads: Arc::default(),
             fault: Arc::default(),
         };
+        // The host function thread runs until every stream thread (each
+        // holding a sender) is gone.
+        let (calls, queue) = std::sync::mpsc::channel::<HostCall>();
+        let started = gpu.threads.spawn(format!("{name}-hostfn"), move || {
+            let _device = super::DeviceThread::enter();
+            for (f, returned, generation) in queue {
+                // Panics are caught inside `f` (see `Stream::enqueue`).
+                f();
+                returned.signal(generation);
+            }
+        });
+        if let Err(e) = started {
+            gpu.shutdown(None);
+            return Err(e);
+        }
         for (i, lane) in gpu.lanes.iter().enumerate() {
             let (lane, reached, f) = (lane.clone(), reached.clone(), gpu.fault.clone());
+            let lane_calls = calls.clone();
             let spawned = gpu.threads.spawn(format!("{name}-stream{i}"), move || {
-                run_lane(&lane, &*reached, &f)
+                run_lane(&lane, &*reached, &f, &lane_calls)
             });
             if let Err(e) = spawned {
+                drop(calls);
                 gpu.shutdown(None);
                 return Err(e);
             }
@@ -141,8 +172,15 @@ impl SimGpu {
         lane.ready.notify_one();
     }
 
+    /// Device work: `f` runs on `lane`'s own thread, in the lane's order.
     pub(crate) fn run(&self, lane: u8, f: Box<dyn FnOnce() + Send>) {
         self.push(lane, Item::Run(f));
+    }
+
+    /// A host function: `f` runs on the host function thread when `lane`
+    /// reaches it, and the lane waits for it to return.
+    pub(crate) fn host(&self, lane: u8, f: Box<dyn FnOnce() + Send>) {
+        self.push(lane, Item::Host(f));
     }
 
     /// Makes `lane` wait until generation `generation` of `event` is reached.
@@ -204,8 +242,15 @@ impl SimGpu {
     }
 }
 
-fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync), fault: &Mutex<Fault>) {
+fn run_lane(
+    lane: &Lane,
+    reached: &(dyn Fn() + Send + Sync),
+    fault: &Mutex<Fault>,
+    calls: &std::sync::mpsc::Sender<HostCall>,
+) {
     let _device = super::DeviceThread::enter();
+    // Reached each time a host function of this lane returns.
+    let returned = Arc::new(SimEvent::default());
     loop {
         let item = {
             let mut q = lane.queue.lock();
@@ -223,10 +268,16 @@ fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync), fault: &Mutex<Fault
         // context does); its events are still reached, so nothing waits.
         let dead = fault.lock().sticky.is_some();
         match item {
-            Item::Run(_) if dead => {}
+            Item::Run(_) | Item::Host(_) if dead => {}
             Item::Wait(..) if dead => {}
             // Panics are caught inside `f` (see `Stream::enqueue`).
             Item::Run(f) => f(),
+            Item::Host(f) => {
+                let generation = returned.next();
+                if calls.send((f, returned.clone(), generation)).is_ok() {
+                    returned.wait(generation);
+                }
+            }
             Item::Wait(event, generation) => event.wait(generation),
             Item::Signal(event, generation) => {
                 event.signal(generation);

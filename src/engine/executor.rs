@@ -228,8 +228,10 @@ impl Executor {
     }
 
     /// A simulated GPU with `compute_streams` compute streams and two copy
-    /// streams, each a host thread that runs what is enqueued on it in
-    /// order; events complete when their stream reaches them. It runs the
+    /// streams, each a host thread that runs the work
+    /// [simulated](crate::stream::Stream::simulate) on it in order, and one
+    /// more thread that runs every stream's host functions one at a time (as
+    /// CUDA may); events complete when their stream reaches them. It runs the
     /// same launcher, event and completion code as [`Executor::cuda`], so
     /// GPU programs can be tested (and their dependencies checked) on any
     /// machine. See [`Stream`](crate::stream::Stream) for an example.
