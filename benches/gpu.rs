@@ -97,7 +97,7 @@ impl Bench for Sim {
         Ok(Arc::default())
     }
     fn bump(&self, s: &Stream, x: &mut Self::Counter, i: u64) -> Res {
-        Ok(s.enqueue(sim_bump(x.clone(), i))?)
+        Ok(s.simulate(sim_bump(x.clone(), i))?)
     }
     fn count(&self, x: &Self::Counter) -> Res<u64> {
         Ok(x.load(SeqCst))
@@ -106,7 +106,7 @@ impl Bench for Sim {
         let x = self.counter()?;
         let t = Instant::now();
         for i in 0..n {
-            // Boxed, as `Stream::enqueue` does.
+            // Boxed, as `Stream::simulate` does.
             let kernel: Box<dyn FnOnce() -> Result<(), String> + Send> =
                 Box::new(sim_bump(x.clone(), i));
             kernel()?;
@@ -154,7 +154,7 @@ extern "C" __global__ void bump(unsigned int* x) { x[threadIdx.x] += 1; }"#;
             let base = super::backend::cuda::Cuda::new()?;
             let module = base
                 .ctx
-                .load_module(cudarc::nvrtc::compile_ptx(BUMP_KERNEL)?)?;
+                .load_module(super::backend::nvrtc::compile(BUMP_KERNEL)?)?;
             Ok(Self {
                 floor: base.ctx.new_stream()?,
                 bump: module.load_function("bump")?,

@@ -20,9 +20,10 @@
 //! With the `cuda` feature and a CUDA device, the kernel is compiled at run
 //! time with NVRTC and the host buffers are pinned (a copy from or to pageable
 //! memory would block the engine's launcher thread until done, serializing
-//! the pipeline). Otherwise the same program runs on a simulated GPU
-//! (`Executor::simulated_gpu`): a host thread per stream runs enqueued
-//! closures, through the same launcher, event and completion code.
+//! the pipeline). Otherwise (no feature, no driver, no GPU, or a GPU but no
+//! NVRTC, which the example names) the same program runs on a simulated GPU
+//! (`Executor::simulated_gpu`): a host thread per stream runs the
+//! simulated closures (`Stream::simulate`), through the same launcher, event and completion code.
 
 #[path = "gpu/backend.rs"]
 mod backend;
@@ -89,13 +90,22 @@ fn pipeline<G: Gpu>(g: G, executor: Executor, len: usize) -> Res<bool> {
 fn run() -> Res<bool> {
     #[cfg(feature = "cuda")]
     if depflow::stream::cuda_device_count() > 0 {
-        let gpu = backend::cuda::Cuda::new()?;
-        println!("CUDA device 0: {} (kernel compiled with NVRTC)", gpu.name);
-        return pipeline(gpu, Executor::cuda(0, 2), CUDA_LEN);
+        // A driver and a GPU, but the kernel needs NVRTC too: without it,
+        // say exactly what is missing and run on the simulated GPU.
+        match backend::nvrtc::available() {
+            Ok(()) => {
+                let gpu = backend::cuda::Cuda::new()?;
+                println!("CUDA device 0: {} (kernel compiled with NVRTC)", gpu.name);
+                return pipeline(gpu, Executor::cuda(0, 2), CUDA_LEN);
+            }
+            Err(why) => println!("a CUDA device, but {why}"),
+        }
+    } else {
+        println!("no CUDA device (no driver, or no GPU)");
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     println!(
-        "no CUDA device: running on a simulated GPU (Executor::simulated_gpu(2): a host thread per stream, sharing this machine's {cores} cores{})",
+        "running on a simulated GPU (Executor::simulated_gpu(2): a host thread per stream, sharing this machine's {cores} cores{})",
         if cfg!(feature = "cuda") {
             ""
         } else {

@@ -159,25 +159,34 @@ pub mod stream {
     //!    trip, even before the producer has finished); a consumer on the host or
     //!    another device waits for the event first, parked, blocking no thread.
     //! 2. The device's *poller* thread sees the event complete; only then is the
-    //!    op finished: its handle resolves, `wait_all` counts it out and its
-    //!    resource units go back.
+    //!    op finished, on the poller's thread (so a body that blocks the
+    //!    launcher delays no completion): its handle resolves, `wait_all`
+    //!    counts it out and its resource units go back.
     //!
     //! So a device costs two host threads (launcher, poller) however many ops are
     //! in flight. The poller queries only the oldest event of each lane (a lane
-    //! completes in order), spinning briefly, then yielding, then sleeping up to
-    //! 200 µs between rounds; a simulated device also wakes it when
-    //! an event is reached. Completion latency matters only to host consumers:
-    //! device consumers never wait for the poller.
+    //! completes in order), sleeping between rounds from 5 µs up to 200 µs;
+    //! while a host consumer waits for a fence it spins, then yields, first,
+    //! and a new op or a consumer's arrival starts the backoff again (a
+    //! simulated device also wakes it when an event is reached). Completion
+    //! latency matters only to host consumers: device consumers never wait
+    //! for the poller. Debug builds warn (once) about a body that ran 20 ms
+    //! or more on the launcher: bodies there should only enqueue.
     //!
     //! Errors: a failed launch or a host function's error fails the op like any
     //! error; an error reported with the event fails the op when the poller sees
-    //! it, and poisons what it mutates. A consumer already enqueued behind a
+    //! it (once the lane's work is over: the poller synchronises it first), and
+    //! poisons what it mutates. A consumer already enqueued behind a
     //! failed op's event resolves to [`Error::Poisoned`](crate::Error::Poisoned)
-    //! with the original failure, and passes the poison on.
+    //! with the original failure, and passes the poison on. A sticky error
+    //! (an illegal address, a trap: the context runs nothing more) kills the
+    //! device: every op in flight fails with it, and later ops fail at once
+    //! with it, without running their bodies. Shutting a device down waits
+    //! for its streams 10 s at most, and for a dead device not at all.
     //!
     //! [`OpCtx::stream`]: crate::OpCtx::stream
 
-    pub use crate::device::{Lane, Stream, cuda_device_count};
+    pub use crate::device::{Lane, SimMemory, SimView, Stream, cuda_device_count};
 }
 
 // The public types cross threads as their docs promise (checked at compile

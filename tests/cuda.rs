@@ -1,60 +1,176 @@
 //! The CUDA device (`--features cuda`): real kernels and copies on real
-//! streams. Where there is no driver or no GPU each test prints `SKIPPED`
-//! and why (visibly: not captured by the test harness) and passes, unless
-//! `DEPFLOW_REQUIRE_GPU=1`, which makes a skip a failure (for a machine that
-//! has a GPU). `no_such_device_is_a_config_error` runs everywhere (it checks
-//! that a missing driver is an error, not a panic).
+//! streams, written so that they fail if the engine's ordering is wrong:
+//!
+//! - cudarc's event tracking is off on the context the buffers come from,
+//!   so nothing but the engine orders the kernels;
+//! - each kernel is one thread, so a race is a wrong value, not a tie;
+//! - the producer's lane is held by a blocking host function while the
+//!   consumer is enqueued, so an unordered consumer runs first;
+//! - results are copied back into pinned memory, which (unlike pageable
+//!   memory) does not wait for the device on its own.
+//!
+//! `the_cross_lane_test_fails_without_the_cross_lane_wait` checks that the
+//! first test fails with the engine's cross-lane wait stubbed out
+//! (`DEPFLOW_DEBUG_NO_LANE_WAITS=1`, debug builds).
+//!
+//! Where there is no driver, no GPU or no NVRTC each test prints `SKIPPED`
+//! and exactly what is missing (visibly: not captured by the test harness)
+//! and passes, unless `DEPFLOW_REQUIRE_GPU=1`, which makes a skip a failure
+//! (for a machine that has a GPU). `no_such_device_is_a_config_error` runs
+//! everywhere (a missing driver is an error, not a panic).
 #![cfg(feature = "cuda")]
 
 mod common;
+#[path = "../examples/gpu/nvrtc.rs"]
+mod nvrtc;
 
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::within;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use depflow::{BoxError, Engine, Error, Executor, Lane};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
+use depflow::{BoxError, Engine, Error, Executor, Lane, Var};
 
-const KERNEL: &str = r#"
+const KERNELS: &str = r#"
+extern "C" __global__ void store(unsigned int* x, unsigned int v) { x[0] = v; }
+extern "C" __global__ void consume(unsigned int* x) { x[1] = x[0] * 10u + 2u; }
+extern "C" __global__ void trap_now() { __trap(); }
 extern "C" __global__ void bump(unsigned int* x, unsigned int expect) {
-    // Counts, and records a broken order as a huge value.
-    if (x[0] != expect) { x[1] = 1; }
-    x[0] = expect + 1;
+    // Counts, and records a broken order in x[1].
+    if (x[0] != expect) { x[1] = 1u; }
+    x[0] = expect + 1u;
 }"#;
 
-/// The engine and the kernel, or None (printed) where there is no GPU.
-fn gpu() -> Option<(Engine, depflow::Device, CudaFunction, Arc<CudaContext>)> {
+/// One thread: a race between two kernels is a wrong value.
+const ONE: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (1, 1, 1),
+    shared_mem_bytes: 0,
+};
+
+struct Gpu {
+    engine: Engine,
+    gpu: depflow::Device,
+    /// The test's own handle on device 0's primary context, with cudarc's
+    /// event tracking off: it orders nothing the engine does not.
+    ctx: Arc<CudaContext>,
+    store: CudaFunction,
+    consume: CudaFunction,
+    bump: CudaFunction,
+    trap: CudaFunction,
+}
+
+/// The engine and the kernels, or None (printed) where there is no GPU.
+fn gpu(test: &str) -> Option<Gpu> {
     if depflow::stream::cuda_device_count() == 0 {
-        return skip("no CUDA device (no driver, or no GPU)");
+        // SAFETY: only tries to open the library.
+        let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+        return skip(
+            test,
+            &if driver {
+                "the CUDA driver reports no device".to_string()
+            } else {
+                format!(
+                    "no CUDA driver: none of {} could be opened",
+                    nvrtc::candidates("cuda").join(", ")
+                )
+            },
+        );
     }
-    // SAFETY: only tries to open the library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return skip("NVRTC not found (it compiles the test kernel)");
-    }
+    let ptx = match nvrtc::compile(KERNELS) {
+        Ok(ptx) => ptx,
+        Err(why) => return skip(test, &why),
+    };
+    let ctx = CudaContext::new(0).unwrap();
+    // SAFETY: the buffers of these tests are ordered by the engine only
+    // (which is what they test), and freed after `wait_all`.
+    unsafe { ctx.disable_event_tracking() };
+    let module = ctx.load_module(ptx).unwrap();
     let engine = Engine::builder()
         .threads(2)
         .device("gpu", Executor::cuda(0, 2))
         .build()
         .unwrap();
-    let ctx = CudaContext::new(0).unwrap();
-    let ptx = cudarc::nvrtc::compile_ptx(KERNEL).unwrap();
-    let f = ctx.load_module(ptx).unwrap().load_function("bump").unwrap();
     let gpu = engine.device("gpu").unwrap();
-    Some((engine, gpu, f, ctx))
+    Some(Gpu {
+        engine,
+        gpu,
+        store: module.load_function("store").unwrap(),
+        consume: module.load_function("consume").unwrap(),
+        bump: module.load_function("bump").unwrap(),
+        trap: module.load_function("trap_now").unwrap(),
+        ctx,
+    })
 }
 
 /// Reports a skipped test where the user sees it (the harness captures
 /// `eprintln!`, not writes to the stream), or fails it if a GPU is required.
-fn skip<T>(why: &str) -> Option<T> {
+fn skip<T>(test: &str, why: &str) -> Option<T> {
     use std::io::Write;
-    let name = std::thread::current()
-        .name()
-        .unwrap_or("a cuda test")
-        .to_owned();
     if std::env::var("DEPFLOW_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("DEPFLOW_REQUIRE_GPU=1, but {why}");
+        panic!("DEPFLOW_REQUIRE_GPU=1, but {test} cannot run: {why}");
     }
-    let _ = writeln!(std::io::stderr(), "SKIPPED {name}: {why}");
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
     None
+}
+
+impl Gpu {
+    /// A variable holding `n` zeroed u32 on the device (allocated on the
+    /// test's context, finished before the engine's streams use it).
+    fn zeros(&self, n: usize) -> Var<CudaSlice<u32>> {
+        let alloc = self.ctx.default_stream();
+        let x = alloc.alloc_zeros::<u32>(n).unwrap();
+        alloc.synchronize().unwrap();
+        self.engine.var(x)
+    }
+
+    /// `x` copied back on the device-to-host lane into pinned memory, then
+    /// read by a host op (which waits for the copy's fence).
+    fn read_back(&self, x: &Var<CudaSlice<u32>>, n: usize) -> Vec<u32> {
+        // Not write-combined: the host reads it.
+        // SAFETY: written at once, below.
+        let mut pinned = unsafe { self.ctx.alloc_pinned_with_flags::<u32>(n, 0) }.unwrap();
+        pinned.as_mut_slice().unwrap().fill(u32::MAX);
+        let host: Var<PinnedHostSlice<u32>> = self.engine.var(pinned);
+        let (xk, hk) = (x.key(), host.key());
+        self.engine
+            .op()
+            .on(self.gpu)
+            .lane(Lane::DeviceToHost)
+            .reads(&[x])
+            .mutates(&[&host])
+            .run(move |ctx| {
+                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+                stream.memcpy_dtoh(&*ctx.read(xk)?, &mut *ctx.write(hk)?)?;
+                Ok(())
+            })
+            .unwrap();
+        let got = self
+            .engine
+            .push(&[&host], &[], move |ctx| {
+                Ok(ctx.read(hk)?.as_slice()?.to_vec())
+            })
+            .unwrap();
+        got.wait().unwrap()
+    }
+}
+
+/// A gate a host function blocks on until the test opens it.
+#[derive(Clone)]
+struct Gate(Arc<Mutex<mpsc::Receiver<()>>>);
+
+impl Gate {
+    fn pass(&self) {
+        let _ = self.0.lock().unwrap().recv();
+    }
+}
+
+fn gate() -> (mpsc::Sender<()>, Gate) {
+    let (tx, rx) = mpsc::channel();
+    (tx, Gate(Arc::new(Mutex::new(rx))))
 }
 
 #[test]
@@ -65,23 +181,88 @@ fn no_such_device_is_a_config_error() {
     assert!(matches!(built, Err(Error::Config(_))), "{built:?}");
 }
 
+const CROSS_LANE: &str = "a_consumer_on_another_lane_waits_for_its_producer_on_the_device";
+
 #[test]
-fn kernels_on_two_streams_and_a_copy_back_keep_program_order() {
+fn a_consumer_on_another_lane_waits_for_its_producer_on_the_device() {
     within(120, || {
-        let Some((engine, gpu, f, ctx)) = gpu() else {
+        let Some(g) = gpu(CROSS_LANE) else {
             return;
         };
-        let alloc = ctx.default_stream();
-        let counter: CudaSlice<u32> = alloc.alloc_zeros(2).unwrap();
-        alloc.synchronize().unwrap();
-        let counter = engine.var(counter);
-        let host = engine.var(vec![0u32; 2]);
+        let x = g.zeros(2);
+        let (open, shut) = gate();
+        // The producer: its lane first blocks on the gate, then x[0] = 1.
+        let (store, xk) = (g.store.clone(), x.key());
+        let producer = g
+            .engine
+            .op()
+            .on(g.gpu)
+            .lane(Lane::Compute(0))
+            .mutates(&[&x])
+            .run(move |ctx| {
+                let s = ctx.stream()?;
+                s.enqueue(move || {
+                    shut.pass();
+                    Ok(())
+                })?;
+                let stream = s.cuda().expect("a CUDA stream");
+                let mut x = ctx.write(xk)?;
+                let mut launch = stream.launch_builder(&store);
+                launch.arg(&mut *x).arg(&1u32);
+                // SAFETY: the arguments match `store`; x has 2 elements.
+                unsafe { launch.launch(ONE) }?;
+                Ok::<_, BoxError>(())
+            })
+            .unwrap();
+        // The consumer, on another lane: x[1] = x[0] * 10 + 2, which is 12
+        // only if it runs after the producer.
+        let (enqueued_tx, enqueued) = mpsc::channel();
+        let consume = g.consume.clone();
+        let consumer = g
+            .engine
+            .op()
+            .on(g.gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&x])
+            .run(move |ctx| {
+                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+                let mut x = ctx.write(xk)?;
+                let mut launch = stream.launch_builder(&consume);
+                launch.arg(&mut *x);
+                // SAFETY: the argument matches `consume`; x has 2 elements.
+                unsafe { launch.launch(ONE) }?;
+                enqueued_tx.send(()).unwrap();
+                Ok::<_, BoxError>(())
+            })
+            .unwrap();
+        enqueued.recv_timeout(Duration::from_secs(60)).unwrap();
+        // Time for a consumer that is not ordered behind the producer to run
+        // (only a broken order depends on this delay).
+        std::thread::sleep(Duration::from_millis(200));
+        open.send(()).unwrap();
+        producer.wait().unwrap();
+        consumer.wait().unwrap();
+        assert_eq!(g.read_back(&x, 2), vec![1, 12], "the consumer ran first");
+        g.engine.wait_all().wait().unwrap();
+        // Freed here, on the thread whose context is current.
+        drop(x);
+    });
+}
+
+#[test]
+fn kernels_alternating_lanes_and_a_copy_back_keep_program_order() {
+    within(120, || {
+        let name = "kernels_alternating_lanes_and_a_copy_back_keep_program_order";
+        let Some(g) = gpu(name) else {
+            return;
+        };
+        let counter = g.zeros(2);
         const N: u32 = 1000;
         for i in 0..N {
-            let (f, c) = (f.clone(), counter.key());
-            engine
+            let (f, c) = (g.bump.clone(), counter.key());
+            g.engine
                 .op()
-                .on(gpu)
+                .on(g.gpu)
                 .lane(Lane::Compute((i % 2) as u8))
                 .mutates(&[&counter])
                 .run(move |ctx| {
@@ -90,56 +271,163 @@ fn kernels_on_two_streams_and_a_copy_back_keep_program_order() {
                     let mut launch = stream.launch_builder(&f);
                     launch.arg(&mut *x).arg(&i);
                     // SAFETY: the arguments match `bump`; x has 2 elements.
-                    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }?;
+                    unsafe { launch.launch(ONE) }?;
                     Ok::<_, BoxError>(())
                 })
                 .unwrap();
         }
-        // The copy back, on the device-to-host lane, then read on the host.
-        let (c, h) = (counter.key(), host.key());
-        engine
-            .op()
-            .on(gpu)
-            .lane(Lane::DeviceToHost)
-            .reads(&[&counter])
-            .mutates(&[&host])
-            .run(move |ctx| {
-                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
-                stream.memcpy_dtoh(&*ctx.read(c)?, &mut ctx.write(h)?[..])?;
-                Ok::<_, BoxError>(())
-            })
-            .unwrap();
-        let got = engine
-            .push(&[&host], &[], move |ctx| Ok(ctx.read(h)?.clone()))
-            .unwrap();
         assert_eq!(
-            got.wait().unwrap(),
+            g.read_back(&counter, 2),
             vec![N, 0],
             "count, and no broken order"
         );
-        engine.wait_all().wait().unwrap();
+        g.engine.wait_all().wait().unwrap();
+        drop(counter);
     });
 }
 
 #[test]
 fn a_host_function_error_fails_the_op_and_poisons() {
     within(60, || {
-        let Some((engine, gpu, _, _)) = gpu() else {
+        let name = "a_host_function_error_fails_the_op_and_poisons";
+        let Some(g) = gpu(name) else {
             return;
         };
-        let v = engine.new_var();
-        let failing = engine
+        let v = g.engine.new_var();
+        let failing = g
+            .engine
             .op()
             .name("host fn")
-            .on(gpu)
+            .on(g.gpu)
             .mutates(&[&v])
             .run(|ctx| Ok(ctx.stream()?.enqueue(|| Err("bad".to_string()))?))
             .unwrap();
         assert!(matches!(failing.wait(), Err(Error::Failed(_))));
-        match engine.wait_for_var(&v).wait() {
+        match g.engine.wait_for_var(&v).wait() {
             Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("host fn")),
             other => panic!("{other:?}"),
         }
-        let _ = engine.wait_all().wait();
+        let _ = g.engine.wait_all().wait();
     });
+}
+
+/// The cross-lane test above fails when the engine's cross-lane wait is
+/// stubbed out: it can detect a missing `cuStreamWaitEvent`. Runs it in a
+/// child process of this test binary.
+#[cfg(debug_assertions)]
+#[test]
+fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([CROSS_LANE, "--exact", "--test-threads=1"])
+        .env("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("running 1 test"), "{text}");
+    assert!(!text.contains("DEPFLOW_REQUIRE_GPU=1, but"), "{text}");
+    if out.status.success() && text.contains("SKIPPED") {
+        // The child printed why; say it here too.
+        let _ = skip::<()>(
+            "the_cross_lane_test_fails_without_the_cross_lane_wait",
+            "the test it runs was skipped",
+        );
+        return;
+    }
+    assert!(!out.status.success(), "passed without the wait:\n{text}");
+    assert!(
+        text.contains("the consumer ran first"),
+        "failed for another reason:\n{text}"
+    );
+}
+
+const TRAP: &str = "a_trapping_kernel_kills_the_device";
+
+/// A kernel that traps leaves a sticky error: the device is dead, later ops
+/// fail at once with the original error (their bodies not run), and
+/// dropping the engine does not hang. Ignored: it kills the device's
+/// primary context for the whole process, so
+/// `a_trapping_kernel_kills_the_device_in_a_child_process` runs it alone.
+#[test]
+#[ignore]
+fn a_trapping_kernel_kills_the_device() {
+    within(60, || {
+        let Some(g) = gpu(TRAP) else {
+            return;
+        };
+        let v = g.engine.new_var();
+        let trap = g.trap.clone();
+        let trapped = g
+            .engine
+            .op()
+            .name("trap")
+            .on(g.gpu)
+            .mutates(&[&v])
+            .run(move |ctx| {
+                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+                let mut launch = stream.launch_builder(&trap);
+                // SAFETY: `trap_now` takes no argument.
+                unsafe { launch.launch(ONE) }?;
+                Ok::<_, BoxError>(())
+            })
+            .unwrap();
+        let original = match trapped.wait() {
+            Err(Error::Failed(f)) => f.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let w = g.engine.new_var();
+        let later = g
+            .engine
+            .op()
+            .on(g.gpu)
+            .mutates(&[&w])
+            .run({
+                let ran = ran.clone();
+                move |_| {
+                    ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+            .unwrap();
+        match later.wait() {
+            Err(Error::Failed(f)) => {
+                eprintln!("trap: {original}; later: {f}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+        drop((v, w));
+        drop(g.engine);
+    });
+}
+
+#[test]
+fn a_trapping_kernel_kills_the_device_in_a_child_process() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            TRAP,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("running 1 test"), "{text}");
+    assert!(out.status.success(), "{text}");
+    if text.contains("SKIPPED") {
+        let _ = skip::<()>(
+            "a_trapping_kernel_kills_the_device_in_a_child_process",
+            "the test it runs was skipped",
+        );
+    }
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::within;
+use depflow::stream::SimMemory;
 use depflow::{Engine, Error, Executor, Lane, OpHandle, Var};
 
 /// "Device memory": a cell the enqueued work updates.
@@ -86,6 +87,7 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
         let producer = gated_store(&engine, gpu, Lane::Compute(0), &v, shut, 1);
         // The consumer's body runs (its work is enqueued) all the same.
         let (enqueued_tx, enqueued) = mpsc::channel();
+        let (ran_tx, ran) = mpsc::channel();
         let consumer = engine
             .op()
             .on(gpu)
@@ -95,22 +97,59 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
                 let v = v.key();
                 move |ctx| {
                     let m = ctx.write(v)?.clone();
-                    enqueued_tx.send(()).unwrap();
-                    Ok(ctx.stream()?.enqueue(move || {
+                    // A kernel's stand-in: it runs on its lane's thread,
+                    // not behind the producer's host function.
+                    ctx.stream()?.simulate(move || {
                         // Stream order across lanes: the producer's store first.
                         let seen = m.load(SeqCst);
                         m.store(seen * 10 + 2, SeqCst);
+                        let _ = ran_tx.send(());
                         Ok(())
-                    })?)
+                    })?;
+                    enqueued_tx.send(()).unwrap();
+                    Ok(())
                 }
             })
             .unwrap();
         enqueued.recv_timeout(Duration::from_secs(30)).unwrap();
+        // Time for a consumer that is not ordered behind the producer to run
+        // (it must not: its lane waits for the producer's event). Only a
+        // broken order depends on this delay; a correct one passes anyway.
+        assert!(
+            ran.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the consumer's work ran while the producer's was held"
+        );
         open.send(()).unwrap();
         producer.wait().unwrap();
         consumer.wait().unwrap();
         assert_eq!(read_on_host(&engine, &v), 12);
     });
+}
+
+/// The test above fails when the engine's cross-lane wait is stubbed out
+/// (`DEPFLOW_DEBUG_NO_LANE_WAITS=1`, read by debug builds only): it can
+/// detect a missing wait. Runs it in a child process of this test binary.
+#[cfg(debug_assertions)]
+#[test]
+fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
+    let name = "a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1"])
+        .env("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("running 1 test"), "{text}");
+    assert!(!out.status.success(), "passed without the wait:\n{text}");
+    assert!(
+        text.contains("the consumer's work ran while the producer's was held")
+            || text.contains("left: 2"),
+        "failed for another reason:\n{text}"
+    );
 }
 
 #[test]
@@ -338,6 +377,402 @@ fn delete_and_waits_cover_device_work() {
             "freed before the device work finished"
         );
         all.join().unwrap().unwrap();
+    });
+}
+
+/// An error the device reports with an event while the lane's work still
+/// runs (CUDA's event query may return an earlier launch's error) fails the
+/// op only once that work is over: until then nothing that depends on the
+/// fence (here a delete, which frees the memory) proceeds.
+#[test]
+fn an_error_reported_with_an_event_fails_the_op_once_the_lanes_work_is_over() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        let work_done = Arc::new(AtomicBool::new(false));
+        let (open, shut) = gate();
+        let op = engine
+            .op()
+            .name("kernel")
+            .on(gpu)
+            .mutates(&[&v])
+            .run({
+                let done = work_done.clone();
+                move |ctx| {
+                    let s = ctx.stream()?;
+                    s.simulate_device_error("an earlier launch failed", false)?;
+                    Ok(s.enqueue(move || {
+                        shut.pass();
+                        done.store(true, SeqCst);
+                        Ok(())
+                    })?)
+                }
+            })
+            .unwrap();
+        let (freed_tx, freed) = mpsc::channel();
+        let delete = engine
+            .delete_var(&v, {
+                let done = work_done.clone();
+                move |_| freed_tx.send(done.load(SeqCst)).unwrap()
+            })
+            .unwrap();
+        // Only a fence completed before its work lets the delete run now.
+        assert!(
+            freed.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the memory was freed under the device"
+        );
+        open.send(()).unwrap();
+        match op.wait() {
+            Err(Error::Failed(f)) => {
+                assert!(f.to_string().contains("an earlier launch failed"), "{f}")
+            }
+            other => panic!("{other:?}"),
+        }
+        delete.wait().unwrap();
+        assert!(freed.recv().unwrap(), "freed before the device work");
+    });
+}
+
+/// Ops finish on the device's poller, not on its launcher: a body that
+/// blocks the launcher does not hold up the completion of work already
+/// enqueued on another lane.
+#[test]
+fn a_blocking_body_does_not_delay_other_ops_completions() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (a, b) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let (open, shut) = gate();
+        let mut first = gated_store(&engine, gpu, Lane::Compute(0), &a, shut, 1);
+        // A body that blocks the launcher until released.
+        let (release_tx, release) = mpsc::channel::<()>();
+        let (entered_tx, entered) = mpsc::channel();
+        let blocking = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&b])
+            .run(move |_| {
+                entered_tx.send(()).unwrap();
+                release.recv().unwrap();
+                Ok(())
+            })
+            .unwrap();
+        entered.recv_timeout(Duration::from_secs(30)).unwrap();
+        // The first op's work ends while the launcher is blocked.
+        open.send(()).unwrap();
+        let done = first.wait_timeout(Duration::from_secs(10));
+        release_tx.send(()).unwrap();
+        assert!(
+            done.is_ok(),
+            "the completion waited for the launcher: {done:?}"
+        );
+        blocking.wait().unwrap();
+        assert_eq!(read_on_host(&engine, &a), 1);
+    });
+}
+
+/// A device reuses the events of finished ops: over 10,000 ops, about as
+/// many events as were ever in flight at once, not one per op.
+#[test]
+fn events_are_reused() {
+    within(120, || {
+        let (engine, gpu) = gpu_engine(1);
+        let v = engine.var(Mem::default());
+        for batch in 0..100u64 {
+            for i in 0..100u64 {
+                let k = v.key();
+                engine
+                    .op()
+                    .on(gpu)
+                    .lane(Lane::Compute((i % 2) as u8))
+                    .mutates(&[&v])
+                    .run(move |ctx| {
+                        let m = ctx.write(k)?.clone();
+                        Ok(ctx.stream()?.enqueue(move || {
+                            m.fetch_add(1, SeqCst);
+                            Ok(())
+                        })?)
+                    })
+                    .unwrap();
+            }
+            engine.wait_for_var(&v).wait().unwrap();
+            assert_eq!(read_on_host(&engine, &v), (batch + 1) * 100);
+        }
+        let created = engine
+            .op()
+            .on(gpu)
+            .reads(&[&v])
+            .run(|ctx| Ok(ctx.stream()?.events_created()))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(created <= 200, "{created} events for 10,000 ops");
+    });
+}
+
+/// After a sticky error (CUDA's illegal address, a trap) the device is
+/// dead: the ops in flight fail with that error, and later ops fail at once
+/// with it, their bodies not run.
+#[test]
+fn a_sticky_error_kills_the_device() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (v, w) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let (open, shut) = gate();
+        // In flight on lane 1 when the device dies.
+        let in_flight = gated_store(&engine, gpu, Lane::Compute(1), &w, shut, 1);
+        let trap = engine
+            .op()
+            .name("trap")
+            .on(gpu)
+            .mutates(&[&v])
+            .run(|ctx| {
+                Ok(ctx
+                    .stream()?
+                    .simulate_device_error("illegal address", true)?)
+            })
+            .unwrap();
+        for h in [trap, in_flight] {
+            match h.wait() {
+                Err(Error::Failed(f)) => assert!(f.to_string().contains("illegal address"), "{f}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let ran = Arc::new(AtomicBool::new(false));
+        let later = engine
+            .op()
+            .on(gpu)
+            .mutates(&[&engine.var(Mem::default())])
+            .run({
+                let ran = ran.clone();
+                move |_| {
+                    ran.store(true, SeqCst);
+                    Ok(())
+                }
+            })
+            .unwrap();
+        match later.wait() {
+            Err(Error::Failed(f)) => assert!(f.to_string().contains("illegal address"), "{f}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!ran.load(SeqCst), "a body ran on a dead device");
+        // (The held work may have been dropped unrun, with its gate.)
+        let _ = open.send(());
+    });
+}
+
+/// Dropping an engine whose device died while a stream was hung (here a
+/// host function that never returns) does not wait for that stream.
+#[test]
+fn dropping_an_engine_with_a_dead_device_and_a_hung_stream_returns() {
+    let (open, shut) = gate();
+    within(60, move || {
+        let (engine, gpu) = gpu_engine(1);
+        let (v, w) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let (started_tx, started) = mpsc::channel();
+        let hung = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&w])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    started_tx.send(()).unwrap();
+                    shut.pass();
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        // The stream is inside the function when the device dies.
+        started.recv_timeout(Duration::from_secs(30)).unwrap();
+        engine
+            .op()
+            .on(gpu)
+            .mutates(&[&v])
+            .run(|ctx| Ok(ctx.stream()?.simulate_device_error("trap", true)?))
+            .unwrap();
+        assert!(hung.wait().is_err());
+        drop((v, w));
+        drop(engine);
+    });
+    // Lets the hung stream's thread end.
+    open.send(()).unwrap();
+}
+
+/// An engine whose build fails after a stream device was built stops that
+/// device's threads (its poller used to wait forever, holding the streams).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failed_build_stops_the_stream_devices_it_built() {
+    let threads = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with("leak9-"))
+            .collect()
+    };
+    let built = Engine::builder()
+        .device("leak9", Executor::simulated_gpu(1))
+        .device("bad", Executor::pool(0))
+        .build();
+    assert!(matches!(built, Err(Error::Config(_))));
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !threads().is_empty() {
+        assert!(
+            std::time::Instant::now() < end,
+            "still running: {:?}",
+            threads()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The simulated device runs host functions one at a time, as CUDA may:
+/// one on another stream does not run while the first one runs.
+#[test]
+fn host_functions_of_different_streams_run_one_at_a_time() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (other_tx, other_ran) = mpsc::channel::<()>();
+        let (seen_tx, seen) = mpsc::channel();
+        let (started_tx, started) = mpsc::channel::<()>();
+        engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(0))
+            .mutates(&[&a])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    started_tx.send(()).unwrap();
+                    let concurrent = other_ran.recv_timeout(Duration::from_millis(300)).is_ok();
+                    seen_tx.send(concurrent).unwrap();
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        started.recv_timeout(Duration::from_secs(30)).unwrap();
+        let other = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&b])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    let _ = other_tx.send(());
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        assert!(
+            !seen.recv().unwrap(),
+            "another stream's host function ran during this one"
+        );
+        other.wait().unwrap();
+    });
+}
+
+/// A host function counts as inside its op: a blocking wait there is
+/// refused (it could wait for work queued behind it), not a hang.
+#[test]
+fn a_blocking_wait_in_a_host_function_is_refused() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (open, shut) = gate();
+        let pending = engine
+            .push(&[], &[&a], move |_| {
+                shut.pass();
+                Ok(())
+            })
+            .unwrap();
+        let (got_tx, got) = mpsc::channel();
+        engine
+            .op()
+            .on(gpu)
+            .mutates(&[&b])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    got_tx.send(pending.wait()).unwrap();
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        let got = got.recv_timeout(Duration::from_secs(10));
+        open.send(()).unwrap();
+        assert!(matches!(got, Ok(Err(Error::BlockingInOp))), "{got:?}");
+        engine.wait_all().wait().unwrap();
+    });
+}
+
+/// A body that replaces device memory an earlier op's work still uses:
+/// dropped there, the memory is freed under that work, which the simulated
+/// device's memory reports; handed to `drop_after`, it goes once the work
+/// is done.
+fn replace_memory_under_a_reader(hand_on: bool) -> Result<u32, Error> {
+    let (engine, gpu) = gpu_engine(1);
+    let buf = engine.var(SimMemory::new(vec![7u32; 4]));
+    let k = buf.key();
+    let (open, shut) = gate();
+    // The reader: its lane is held, then its kernel reads the memory.
+    let reader = engine
+        .op()
+        .on(gpu)
+        .lane(Lane::Compute(0))
+        .reads(&[&buf])
+        .run(move |ctx| {
+            let view = ctx.read(k)?.view();
+            let s = ctx.stream()?;
+            s.enqueue(move || {
+                shut.pass();
+                Ok(())
+            })?;
+            let (sum_tx, sum) = mpsc::channel();
+            s.simulate(move || {
+                sum_tx.send(view.with(|x| x.iter().sum::<u32>())?).unwrap();
+                Ok(())
+            })?;
+            Ok(sum)
+        })
+        .unwrap();
+    let (ran_tx, ran) = mpsc::channel();
+    let writer = engine
+        .op()
+        .on(gpu)
+        .lane(Lane::Compute(1))
+        .mutates(&[&buf])
+        .run(move |ctx| {
+            let old = std::mem::replace(&mut *ctx.write(k)?, SimMemory::new(vec![0u32; 8]));
+            if hand_on {
+                ctx.stream()?.drop_after(old);
+            } else {
+                drop(old);
+            }
+            ran_tx.send(()).unwrap();
+            Ok(())
+        })
+        .unwrap();
+    // The writer's body ran (it dropped or handed on the old memory) while
+    // the reader's work waits.
+    ran.recv_timeout(Duration::from_secs(30)).unwrap();
+    open.send(()).unwrap();
+    let sum = reader.wait()?;
+    writer.wait()?;
+    Ok(sum.recv().unwrap())
+}
+
+#[test]
+fn memory_dropped_in_a_body_is_freed_under_earlier_work() {
+    within(60, || match replace_memory_under_a_reader(false) {
+        Err(Error::Failed(f)) => assert!(f.to_string().contains("use after free"), "{f}"),
+        other => panic!("{other:?}"),
+    });
+}
+
+#[test]
+fn memory_handed_to_drop_after_outlives_earlier_work() {
+    within(60, || {
+        assert_eq!(replace_memory_under_a_reader(true).unwrap(), 28);
     });
 }
 

@@ -7,7 +7,7 @@
 //! reference [`f`], the [`Gpu`] trait (buffers, and the three stages: copy in,
 //! kernel, copy out), its two implementations, a simulated GPU ([`Sim`]) and,
 //! with the `cuda` feature, CUDA device 0 ([`cuda::Cuda`]: NVRTC kernel,
-//! pinned host buffers), and the [`Pipeline`]: chunks of buffers as engine
+//! found by [`nvrtc`] under CUDA 12's or 13's names, pinned host buffers), and the [`Pipeline`]: chunks of buffers as engine
 //! variables, a pass pushing stages of every chunk, and the read-back. What
 //! only the bench needs (the hand-off chain's counter kernel, the floor, the
 //! labels) is in the bench, on top of these types.
@@ -61,7 +61,7 @@ pub trait Gpu: Send + Sync + 'static {
 // ---- The simulated GPU ----
 
 /// A GPU simulated by `Executor::simulated_gpu`: kernels and copies are host
-/// closures, run by a thread per stream.
+/// closures, run by a thread per stream (`Stream::simulate`).
 pub struct Sim;
 
 /// The simulated GPU's memory: a buffer that the streams' closures lock (a
@@ -75,7 +75,7 @@ fn lock(b: &SimBuf) -> Result<MutexGuard<'_, Vec<f32>>, String> {
 
 fn sim_copy(s: &Stream, src: &SimBuf, dst: &SimBuf) -> Res {
     let (src, dst) = (src.clone(), dst.clone());
-    s.enqueue(move || {
+    s.simulate(move || {
         lock(&dst)?.copy_from_slice(&lock(&src)?);
         Ok(())
     })?;
@@ -96,7 +96,7 @@ impl Gpu for Sim {
     }
     fn kernel(&self, s: &Stream, x: &mut SimBuf) -> Res {
         let x = x.clone();
-        s.enqueue(move || {
+        s.simulate(move || {
             lock(&x)?.iter_mut().for_each(|v| *v = f(*v));
             Ok(())
         })?;
@@ -113,6 +113,10 @@ impl Gpu for Sim {
 }
 
 // ---- CUDA ----
+
+#[cfg(feature = "cuda")]
+#[path = "nvrtc.rs"]
+pub mod nvrtc;
 
 #[cfg(feature = "cuda")]
 pub mod cuda {
@@ -157,11 +161,7 @@ extern "C" __global__ void affine_softsign(float* x, int n, float a, float b) {
             // across streams (an event waited for and recorded at each use)
             // would order it a second time and cost launches.
             unsafe { ctx.disable_event_tracking() };
-            // SAFETY: only tries to open the library.
-            if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                return Err("NVRTC (libnvrtc) not found: it compiles the kernels".into());
-            }
-            let ptx = cudarc::nvrtc::compile_ptx(KERNEL)?;
+            let ptx = super::nvrtc::compile(KERNEL)?;
             let softsign = ctx.load_module(ptx)?.load_function("affine_softsign")?;
             Ok(Self {
                 name: ctx.name()?,

@@ -1,5 +1,5 @@
 //! Loom models of the event-completion transitions of stream devices
-//! (`src/stream/fence.rs`, `src/stream/sim.rs`): a fence completing while a
+//! (`src/core/fence.rs`, `src/device/sim.rs`): a fence completing while a
 //! dependent registers on it, and a host waiter and a device waiter on one
 //! write, both seeing the work that the write's event covers.
 #![cfg(loom)]
@@ -58,6 +58,7 @@ fn host_and_device_waiters_on_one_write() {
     model.check(|| {
         let memory = Arc::new(AtomicUsize::new(0));
         let event = StdArc::new(SimEvent::default());
+        assert_eq!(event.next(), 1);
         let fence = StdArc::new(Fence::<_, ()>::new(0, 0, event.clone()));
         let vars: Arc<VarFences<StdArc<SimEvent>, ()>> = Arc::new(VarFences::default());
         vars.set_write(fence.clone());
@@ -66,13 +67,13 @@ fn host_and_device_waiters_on_one_write() {
             let (memory, event) = (memory.clone(), event.clone());
             move || {
                 memory.store(7, Relaxed); // the kernel
-                event.signal(); // the stream reaches the event
+                event.signal(1); // the stream reaches the event's first use
             }
         });
         let poller = thread::spawn({
             let fence = fence.clone();
             move || {
-                fence.event().wait();
+                fence.event().wait(1);
                 fence.complete(Ok(()));
             }
         });
@@ -80,7 +81,7 @@ fn host_and_device_waiters_on_one_write() {
             let (memory, vars) = (memory.clone(), vars.clone());
             move || {
                 // The launcher put a stream wait on B for the write's event.
-                vars.for_each_pending(false, |f, _| f.event().wait());
+                vars.for_each_pending(false, |f, _| f.event().wait(1));
                 assert_eq!(memory.load(Relaxed), 7);
             }
         });
@@ -126,5 +127,58 @@ fn reads_append_while_one_completes() {
         });
         assert!(seen.iter().any(|f| StdArc::ptr_eq(f, &second)));
         assert!(seen.iter().all(|f| !f.is_done()));
+    });
+}
+
+/// A reused simulated event: a stream wait made for its first use is
+/// satisfied by that use, whatever the second use does; a wait for the
+/// second use needs the second signal.
+#[test]
+fn a_reused_event_keeps_each_waits_generation() {
+    loom::model(|| {
+        let event = StdArc::new(SimEvent::default());
+        let first = event.next();
+        let second = event.next();
+        let stream = thread::spawn({
+            let event = event.clone();
+            move || {
+                event.signal(first);
+                event.signal(second);
+            }
+        });
+        let waiter = thread::spawn({
+            let event = event.clone();
+            move || event.wait(first)
+        });
+        event.wait(second);
+        assert!(event.is_reached(first));
+        waiter.join().unwrap();
+        stream.join().unwrap();
+    });
+}
+
+/// A waiter registering while the poller completes the fence: if the
+/// waiter was left pending (and told the event of it), the poller, reading
+/// `was_waited` after completing, sees it, so its count of waited fences
+/// comes back to zero.
+#[test]
+fn a_first_waiter_is_seen_by_the_completion() {
+    loom::model(|| {
+        let fence = StdArc::new(Fence::<(), ()>::new(0, 0, ()));
+        let poller = thread::spawn({
+            let fence = fence.clone();
+            move || {
+                fence.complete(Ok(()));
+                fence.was_waited()
+            }
+        });
+        let waker = std::task::Waker::noop();
+        let pending = fence
+            .poll_done(&mut std::task::Context::from_waker(waker))
+            .is_pending();
+        let seen = poller.join().unwrap();
+        if pending {
+            assert!(seen, "a waiter left pending was not counted");
+        }
     });
 }

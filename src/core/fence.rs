@@ -23,7 +23,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use crate::loom::sync::Mutex;
-use crate::loom::sync::atomic::{AtomicU8, Ordering::*};
+use crate::loom::sync::atomic::{AtomicBool, AtomicU8, Ordering::*};
+
+/// What a fence tells its event: that a first waiter registered on the
+/// fence (the device's poller then watches for it more eagerly).
+pub trait Watch {
+    /// A first waiter registered on the pending fence of this event.
+    fn first_waiter(&self) {}
+}
+
+impl Watch for () {}
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
@@ -40,6 +49,8 @@ pub struct Fence<E, F> {
     /// The lane (stream) of that device.
     lane: u8,
     state: AtomicU8,
+    /// A waiter registered while the fence was pending (set once).
+    waited: AtomicBool,
     inner: Mutex<Outcome<F>>,
     event: E,
 }
@@ -52,7 +63,7 @@ struct Outcome<F> {
     fault: Option<String>,
 }
 
-impl<E, F: Clone> Fence<E, F> {
+impl<E: Watch, F: Clone> Fence<E, F> {
     /// A fence for work about to be enqueued on `lane` of `device`; its
     /// event is recorded after the work.
     pub fn new(device: u16, lane: u8, event: E) -> Self {
@@ -60,6 +71,7 @@ impl<E, F: Clone> Fence<E, F> {
             device,
             lane,
             state: AtomicU8::new(PENDING),
+            waited: AtomicBool::new(false),
             inner: Mutex::new(Outcome {
                 waiters: Vec::new(),
                 failure: None,
@@ -112,6 +124,12 @@ impl<E, F: Clone> Fence<E, F> {
                 if !inner.waiters.iter().any(|w| w.will_wake(cx.waker())) {
                     inner.waiters.push(cx.waker().clone());
                 }
+                // Set under the lock: whoever completes the fence sees it.
+                let first = !self.waited.swap(true, Relaxed);
+                drop(inner);
+                if first {
+                    self.event.first_waiter();
+                }
                 Poll::Pending
             }
             DONE => Poll::Ready(Ok(())),
@@ -128,6 +146,13 @@ impl<E, F: Clone> Fence<E, F> {
             DONE => Some(Ok(())),
             _ => Some(Err(self.failure().expect("failed fence without failure"))),
         }
+    }
+
+    /// Whether a waiter registered while the fence was pending (read after
+    /// completing it: a registration either came before, and is seen, or
+    /// found the fence done).
+    pub fn was_waited(&self) -> bool {
+        self.waited.load(Relaxed)
     }
 
     /// Whether the fence failed because a fence it waited for did.
@@ -209,7 +234,7 @@ impl<E, F> Default for VarFences<E, F> {
     }
 }
 
-impl<E, F: Clone> VarFences<E, F> {
+impl<E: Watch, F: Clone> VarFences<E, F> {
     fn lock(&self) -> crate::loom::sync::MutexGuard<'_, Slots<E, F>> {
         self.inner.lock()
     }

@@ -5,10 +5,11 @@
 //!    waits for this device's fences on its lane; run the body (which
 //!    enqueues); record the op's fence after it; publish the fence in the
 //!    variables; give the variables back. The op's units stay taken.
-//! 2. *Complete*, when the device's poller completed the fence: give the
-//!    units back (and, if the work failed, take back those handed on to the
-//!    outputs: a failed op hands nothing on, on a device as on the host),
-//!    resolve the handle, retire the op.
+//! 2. *Complete*, when the device's poller completed the fence, on the
+//!    poller's thread (it runs the op's task there, see `device::poller`):
+//!    give the units back (and, if the work failed, take back those handed
+//!    on to the outputs: a failed op hands nothing on, on a device as on the
+//!    host), resolve the handle, retire the op.
 //!
 //! A host op on an engine with stream devices waits (parked) for the fences
 //! on its variables before it runs (see `poison`).
@@ -221,9 +222,15 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
         let Stage::Enqueued(fence, _) = &this.stage else {
             panic!("op polled after it finished");
         };
-        let done = match fence.poll_done(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(done) => done,
+        // The poller holds this task's waker (`Entry::owner`): it wakes it,
+        // and runs it, once it completed the fence. Not registered on the
+        // fence itself, whose waiters are the consumers the poller hurries
+        // for.
+        if !fence.is_done() {
+            return Poll::Pending;
+        }
+        let Poll::Ready(done) = fence.poll_done(cx) else {
+            unreachable!("a done fence is ready")
         };
         let inherited = fence.inherited();
         let Stage::Enqueued(_, value) = std::mem::replace(&mut this.stage, Stage::Finished) else {
@@ -278,11 +285,16 @@ fn enqueue<B: Body, H: Host>(
         engine: host.id(),
         lease_dropped: lease_dropped::<H>,
     };
+    #[cfg(debug_assertions)]
+    let started = std::time::Instant::now();
     let outcome = match run_body(op, body, &env, cx) {
         Poll::Ready(Ok(value)) => Ok(value),
         Poll::Ready(Err(kind)) => Err(op.failure(kind)),
         Poll::Pending => unreachable!("a stream op's body is synchronous"),
     };
+    #[cfg(debug_assertions)]
+    warn_if_long(op, started.elapsed());
+    let deferred = stream.take_deferred();
     drop(stream);
     let (value, body_failure) = match outcome {
         Ok(value) => (Some(value), None),
@@ -297,20 +309,52 @@ fn enqueue<B: Body, H: Host>(
                 parents,
                 body_failure,
                 name: op.failure_name(),
+                owner: Some(cx.waker().clone()),
+                deferred,
             });
         }
         Err(m) => {
-            // The event will never complete, so the op fails now: when its
-            // work ends cannot be known (a device that refuses to record an
-            // event is broken anyway).
+            // The event will never complete, so the op fails now: the
+            // backend waited for the lane's work before reporting the error
+            // (or found the device dead, which runs nothing more), so nothing
+            // that depends on the fence proceeds while the work runs.
             fence.complete(Err(
                 body_failure.unwrap_or_else(|| op.failure(FailureKind::Device(m)))
             ));
+            // The lane's work is over: what the body handed to `drop_after`
+            // may go (here, on the launcher, which keeps the context current).
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(deferred)));
+            if let Err(payload) = dropped {
+                host.record_failure(dropping_failed(op, "a value handed to drop_after", payload));
+            }
             op.publish(&fence);
             op.release_enqueued(true, host);
         }
     }
     Ok(Stage::Enqueued(fence, value))
+}
+
+/// A body on a stream device longer than this holds up every lane's
+/// enqueues (they all go through the device's one launcher thread).
+#[cfg(debug_assertions)]
+const LONG_BODY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Debug builds: says (once per process) that a stream op's body ran long,
+/// which usually means it blocked: a copy from or to pageable memory, a
+/// synchronise, a lock.
+#[cfg(debug_assertions)]
+fn warn_if_long(op: &OpBlock, took: std::time::Duration) {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if took >= LONG_BODY && !WARNED.swap(true, Relaxed) {
+        let name = op.failure_name();
+        eprintln!(
+            "depflow warning (debug builds, once): the body of {} on a stream device took \
+             {took:?} on the device's launcher thread, delaying every lane's enqueues; a body \
+             there should only enqueue (a copy from pageable memory or a synchronise blocks)",
+            name.map_or_else(|| "an unnamed op".to_string(), |n| format!("op `{n}`"))
+        );
+    }
 }
 
 impl<B: Body, H: Host> Drop for StreamOpFuture<B, H> {

@@ -1,19 +1,64 @@
 //! The backend of a stream device: its streams and events, simulated or
 //! CUDA, behind one interface (what the launcher, the poller and
-//! [`Stream`](crate::stream::Stream) call).
+//! [`Stream`](crate::stream::Stream) call), and whether the device is dead.
+//!
+//! A device is *dead* once its context reported an error that does not go
+//! away (CUDA's sticky errors: an illegal address, a trap; the context runs
+//! nothing more). From then on every call fails at once with that first
+//! error, and the poller fails every op in flight with it.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
+use std::time::Instant;
+
+use crate::loom::sync::Mutex;
 
 #[cfg(feature = "cuda")]
 use super::cuda;
+use super::poller::Wake;
 use super::sim;
 
-/// A device's event: the point in a stream after an op's work.
-pub(crate) enum Event {
+/// A device's event: the point in a stream after an op's work. Taken from
+/// its device's pool of spare events, and given back when dropped (with its
+/// fence, once that work is done: the poller holds the fence until then),
+/// so a device creates about as many events as it has ops in flight, not one
+/// per op. Reuse is sound: a stream wait already enqueued on an event keeps
+/// the record it saw (CUDA's `cuStreamWaitEvent`, and the simulated
+/// device's generations).
+pub(crate) struct Event {
+    raw: Option<Raw>,
+    /// The simulated event's generation this use records.
+    generation: u64,
+    backend: Arc<Backend>,
+}
+
+enum Raw {
     Sim(Arc<sim::SimEvent>),
     #[cfg(feature = "cuda")]
-    Cuda(cudarc::driver::CudaEvent),
+    Cuda(cuda::RawEvent),
+}
+
+/// Spare events a device keeps, at most; beyond that they are destroyed.
+const MAX_SPARE: usize = 4096;
+
+impl crate::core::fence::Watch for Event {
+    fn first_waiter(&self) {
+        self.backend.wake.waiter();
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let Some(raw) = self.raw.take() else { return };
+        let mut spare = self.backend.spare.lock();
+        if spare.len() < MAX_SPARE {
+            spare.push(raw);
+        } else {
+            drop(spare);
+            self.backend.destroy(raw);
+        }
+    }
 }
 
 /// The device behind a stream device.
@@ -21,6 +66,37 @@ pub(crate) struct Backend {
     /// Compute lanes; the two copy lanes follow them.
     pub(crate) compute: usize,
     pub(crate) gpu: Gpu,
+    /// Debug builds only: [`NO_LANE_WAITS`] was set, so [`wait`](Self::wait)
+    /// does nothing (the engine's cross-lane ordering is broken on purpose).
+    pub(crate) no_lane_waits: bool,
+    /// The error that killed the device.
+    dead: OnceLock<String>,
+    /// The poller's: told of fences' first waiters.
+    wake: Arc<Wake>,
+    /// Events not in use (see [`Event`]).
+    spare: Mutex<Vec<Raw>>,
+    /// Events created, in all.
+    created: AtomicUsize,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        for raw in std::mem::take(&mut *self.spare.lock()) {
+            self.destroy(raw);
+        }
+    }
+}
+
+/// The environment variable that, in debug builds only, turns the engine's
+/// cross-lane waits (`cuStreamWaitEvent`, or the simulated stream's wait)
+/// into no-ops on the stream devices built afterwards: a check that the
+/// ordering tests (`tests/streams.rs`, `tests/cuda.rs`) can fail. Release
+/// builds never read it.
+pub(crate) const NO_LANE_WAITS: &str = "DEPFLOW_DEBUG_NO_LANE_WAITS";
+
+/// Whether [`NO_LANE_WAITS`] is set to `1` (never, in release builds).
+pub(crate) fn no_lane_waits() -> bool {
+    cfg!(debug_assertions) && std::env::var(NO_LANE_WAITS).is_ok_and(|v| v == "1")
 }
 
 pub(crate) enum Gpu {
@@ -29,24 +105,106 @@ pub(crate) enum Gpu {
     Cuda(cuda::CudaGpu),
 }
 
+/// How work that reported an error with its event or record ended: the
+/// backend synchronised its lane before saying so.
+pub(crate) enum Settled {
+    /// The lane's work up to now is over.
+    Over(String),
+    /// Synchronising failed too: the context is unusable (a sticky error).
+    Dead(String),
+}
+
 impl Backend {
-    pub(crate) fn new_event(&self) -> Result<Event, String> {
-        match &self.gpu {
-            Gpu::Sim(_) => Ok(Event::Sim(Arc::default())),
-            #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => gpu.new_event().map(Event::Cuda),
+    /// `settled`'s message; a dead context kills the device first.
+    fn settled(&self, settled: Settled) -> String {
+        match settled {
+            Settled::Over(m) => m,
+            Settled::Dead(m) => self.kill(m),
         }
     }
 
-    /// Records `event` after the work enqueued on `lane` so far.
+    pub(crate) fn new(compute: usize, gpu: Gpu, wake: Arc<Wake>) -> Self {
+        Self {
+            compute,
+            gpu,
+            no_lane_waits: no_lane_waits(),
+            dead: OnceLock::new(),
+            wake,
+            spare: Mutex::new(Vec::new()),
+            created: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many events the device created (the rest were reused).
+    pub(crate) fn events_created(&self) -> usize {
+        self.created.load(Relaxed)
+    }
+
+    fn destroy(&self, raw: Raw) {
+        match (raw, &self.gpu) {
+            #[cfg(feature = "cuda")]
+            (Raw::Cuda(e), Gpu::Cuda(gpu)) => gpu.destroy(e),
+            _ => {}
+        }
+    }
+
+    /// The error that killed the device, if one did.
+    pub(crate) fn dead(&self) -> Option<&str> {
+        self.dead.get().map(String::as_str)
+    }
+
+    /// Marks the device dead with `error` (the first error wins); returns
+    /// the error it died of.
+    pub(crate) fn kill(&self, error: String) -> String {
+        self.dead.get_or_init(|| error).clone()
+    }
+
+    fn alive(&self) -> Result<(), String> {
+        match self.dead() {
+            Some(e) => Err(format!("the device is dead: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    /// An event for one op: a spare one, or a new one.
+    pub(crate) fn new_event(self: &Arc<Self>) -> Result<Event, String> {
+        self.alive()?;
+        let spare = self.spare.lock().pop();
+        let raw = match spare {
+            Some(raw) => raw,
+            None => {
+                let raw = match &self.gpu {
+                    Gpu::Sim(_) => Raw::Sim(Arc::default()),
+                    #[cfg(feature = "cuda")]
+                    Gpu::Cuda(gpu) => Raw::Cuda(gpu.new_event()?),
+                };
+                self.created.fetch_add(1, Relaxed);
+                raw
+            }
+        };
+        let generation = match &raw {
+            Raw::Sim(e) => e.next(),
+            #[cfg(feature = "cuda")]
+            Raw::Cuda(_) => 0,
+        };
+        Ok(Event {
+            raw: Some(raw),
+            generation,
+            backend: self.clone(),
+        })
+    }
+
+    /// Records `event` after the work enqueued on `lane` so far. On an
+    /// error that work is over (or the device is dead) when this returns.
     pub(crate) fn record(&self, lane: u8, event: &Event) -> Result<(), String> {
-        match (&self.gpu, event) {
-            (Gpu::Sim(gpu), Event::Sim(e)) => {
-                gpu.signal(lane, e.clone());
+        self.alive()?;
+        match (&self.gpu, event.raw()) {
+            (Gpu::Sim(gpu), Raw::Sim(e)) => {
+                gpu.signal(lane, e.clone(), event.generation);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            (Gpu::Cuda(gpu), Event::Cuda(e)) => gpu.record(lane, e),
+            (Gpu::Cuda(gpu), Raw::Cuda(e)) => gpu.record(lane, e).map_err(|s| self.settled(s)),
             #[cfg(feature = "cuda")]
             _ => unreachable!("an event of another device"),
         }
@@ -54,38 +212,45 @@ impl Backend {
 
     /// Makes `lane`'s later work wait for `event` (on the device).
     pub(crate) fn wait(&self, lane: u8, event: &Event) -> Result<(), String> {
-        match (&self.gpu, event) {
-            (Gpu::Sim(gpu), Event::Sim(e)) => {
-                gpu.wait(lane, e.clone());
+        self.alive()?;
+        if self.no_lane_waits {
+            return Ok(());
+        }
+        match (&self.gpu, event.raw()) {
+            (Gpu::Sim(gpu), Raw::Sim(e)) => {
+                gpu.wait(lane, e.clone(), event.generation);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            (Gpu::Cuda(gpu), Event::Cuda(e)) => gpu.wait(lane, e),
+            (Gpu::Cuda(gpu), Raw::Cuda(e)) => gpu.wait(lane, e),
             #[cfg(feature = "cuda")]
             _ => unreachable!("an event of another device"),
         }
     }
 
-    /// Whether the work before `event` is done, and how it ended.
-    pub(crate) fn query(&self, event: &Event) -> Poll<Result<(), String>> {
-        match event {
-            Event::Sim(e) => {
-                if e.is_done() {
-                    Poll::Ready(Ok(()))
-                } else {
-                    Poll::Pending
-                }
+    /// Whether the work before `event`, recorded on `lane`, is done, and how
+    /// it ended. An `Err` comes once that work is over, or the device is
+    /// dead ([`dead`](Self::dead) says which).
+    pub(crate) fn query(&self, lane: u8, event: &Event) -> Poll<Result<(), String>> {
+        match (&self.gpu, event.raw()) {
+            (Gpu::Sim(gpu), Raw::Sim(e)) => gpu
+                .query(lane, e, event.generation)
+                .map(|r| r.map_err(|s| self.settled(s))),
+            #[cfg(feature = "cuda")]
+            (Gpu::Cuda(gpu), Raw::Cuda(e)) => {
+                gpu.query(lane, e).map(|r| r.map_err(|s| self.settled(s)))
             }
             #[cfg(feature = "cuda")]
-            Event::Cuda(e) => cuda::query(e),
+            _ => unreachable!("an event of another device"),
         }
     }
 
-    /// Runs `f` on the host once `lane` reaches it.
+    /// Runs `f` on the host once `lane` reaches it (a host function).
     pub(crate) fn enqueue_host(&self, lane: u8, f: Box<dyn FnOnce() + Send>) -> Result<(), String> {
+        self.alive()?;
         match &self.gpu {
             Gpu::Sim(gpu) => {
-                gpu.run(lane, f);
+                gpu.host(lane, f);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -93,15 +258,50 @@ impl Backend {
         }
     }
 
+    /// Runs `f` as `lane`'s own device work (the simulated device only).
+    pub(crate) fn enqueue_work(&self, lane: u8, f: Box<dyn FnOnce() + Send>) -> Result<(), String> {
+        self.alive()?;
+        match &self.gpu {
+            Gpu::Sim(gpu) => {
+                gpu.run(lane, f);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(_) => {
+                Err("`Stream::simulate` on a CUDA device: launch kernels on `Stream::cuda`".into())
+            }
+        }
+    }
+
+    /// Prepares the calling thread to drive the device (the poller's, at
+    /// its start): on CUDA, makes the context current.
+    pub(crate) fn enter_thread(&self) {
+        #[cfg(feature = "cuda")]
+        if let Gpu::Cuda(gpu) = &self.gpu {
+            let _ = gpu.bind();
+        }
+    }
+
     pub(crate) fn is_simulated(&self) -> bool {
         matches!(self.gpu, Gpu::Sim(_))
     }
 
-    pub(crate) fn shutdown(&self) {
+    /// Lets the streams finish what they hold, waiting until `deadline` at
+    /// most; a dead device, which runs nothing more, not at all.
+    pub(crate) fn shutdown(&self, deadline: Instant) {
+        let deadline = self.dead().is_none().then_some(deadline);
         match &self.gpu {
-            Gpu::Sim(gpu) => gpu.shutdown(),
+            Gpu::Sim(gpu) => gpu.shutdown(deadline),
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => gpu.shutdown(),
+            Gpu::Cuda(gpu) => gpu.shutdown(deadline),
         }
+    }
+}
+
+impl Event {
+    fn raw(&self) -> &Raw {
+        self.raw
+            .as_ref()
+            .expect("an event is taken only by its drop")
     }
 }

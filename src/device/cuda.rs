@@ -1,26 +1,51 @@
 //! The CUDA device behind [`Executor::cuda`](crate::Executor::cuda), through
 //! cudarc's driver API, loaded at run time.
 //!
-//! Each lane is a stream of its own (created with `cuStreamCreate`), an op's
-//! fence is an event without timing (`CU_EVENT_DISABLE_TIMING`, the cheapest
-//! to record and query), a cross-lane dependency is `cuStreamWaitEvent`, and
-//! a host function is `cuLaunchHostFunc`.
+//! Each lane is a stream of its own (`cuStreamCreate`, non-blocking), an
+//! op's fence is an event without timing (`CU_EVENT_DISABLE_TIMING`, the
+//! cheapest to record and query), a cross-lane dependency is
+//! `cuStreamWaitEvent`, and a host function is `cuLaunchHostFunc`.
 //!
-//! cudarc's own event tracking of `CudaSlice`s stays as the user set it on
-//! the context: it orders what the engine already orders (harmless, it costs
-//! a few event records per launch); turn it off with
-//! `CudaContext::disable_event_tracking` for data that only engine ops touch.
+//! # Raw calls, and the context current
+//!
+//! The engine's own calls (events, waits, queries, host functions) are the
+//! driver's, not cudarc's safe wrappers: those begin with `bind_to_thread`,
+//! which first returns (and clears) any error cudarc parked on the context
+//! from an earlier drop (a `CudaEvent`'s or a `SyncOnDrop`'s, cudarc issue
+//! #590). Such an error is not the call's: taken as the answer of an event
+//! query, it would complete a fence while its work still runs. So the
+//! launcher and poller threads make the context current themselves
+//! (`cuCtxSetCurrent`, once, then `cuCtxGetCurrent` to check before each
+//! call, as a body may have bound another context), and a query means done
+//! only on `CUDA_SUCCESS`. On any other answer of a query or a record the
+//! lane is synchronised before the error is reported, so that nothing that
+//! depends on the fence proceeds while the work runs; if that fails too the
+//! error is sticky (the context is unusable and runs nothing more): the
+//! device is dead (see `Backend`).
+//!
+//! # cudarc's event tracking is off
+//!
+//! The engine's context disables cudarc's tracking of `CudaSlice`s
+//! (`disable_event_tracking`, before its streams exist): slices allocated
+//! through its streams carry no events, and a launch or copy with them adds
+//! no stream waits and records. Only the engine orders their uses, through
+//! the variables ops declare (see the `stream` module's docs for what users
+//! may rely on).
 //!
 //! The only `unsafe` of the stream devices is here: probing for the driver
-//! library, and passing a boxed closure through `cuLaunchHostFunc`.
+//! library, the driver calls, and passing a boxed closure through
+//! `cuLaunchHostFunc`.
 
 // `unsafe`: CUDA driver calls; each block says why it is sound.
 #![allow(unsafe_code)]
 
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+
+use super::backend::Settled;
 
 /// How many CUDA devices there are; 0 without a driver or on any error.
 pub(crate) fn device_count() -> usize {
@@ -39,6 +64,17 @@ fn message(e: DriverError) -> String {
     }
 }
 
+/// A driver event of the engine's context (`CU_EVENT_DISABLE_TIMING`).
+/// Destroyed by [`CudaGpu::destroy`], never by a drop.
+pub(crate) struct RawEvent(sys::CUevent);
+
+// SAFETY: a CUevent is a handle the driver lets any thread use (the driver
+// API is thread-safe); the engine records, waits on and queries it only
+// through `CudaGpu`, which makes the context current first.
+unsafe impl Send for RawEvent {}
+// SAFETY: as above; no method takes `&mut`.
+unsafe impl Sync for RawEvent {}
+
 pub(crate) struct CudaGpu {
     ctx: Arc<CudaContext>,
     lanes: Box<[Arc<CudaStream>]>,
@@ -55,6 +91,13 @@ impl CudaGpu {
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(message)?;
+        // Before the streams exist: `new_stream` synchronises the context
+        // while tracking is on, and the slices allocated through them would
+        // carry events.
+        // SAFETY: cudarc's conditions for turning tracking off are that the
+        // user orders the slices' uses across streams, which is the engine's
+        // job for everything declared through variables (module docs).
+        unsafe { ctx.disable_event_tracking() };
         let lanes = (0..lanes)
             .map(|_| ctx.new_stream())
             .collect::<Result<_, _>>()
@@ -66,28 +109,102 @@ impl CudaGpu {
         &self.lanes[usize::from(lane)]
     }
 
-    pub(crate) fn new_event(&self) -> Result<CudaEvent, String> {
-        self.ctx.new_event(None).map_err(message)
+    fn cu(&self, lane: u8) -> sys::CUstream {
+        self.stream(lane).cu_stream()
     }
 
-    pub(crate) fn record(&self, lane: u8, event: &CudaEvent) -> Result<(), String> {
-        event.record(self.stream(lane)).map_err(message)
+    /// Makes the engine's context current on the calling thread if it is
+    /// not, without touching cudarc's parked error (module docs).
+    pub(crate) fn bind(&self) -> Result<(), String> {
+        let ctx = self.ctx.cu_ctx();
+        match result::ctx::get_current() {
+            Ok(Some(current)) if current == ctx => Ok(()),
+            // SAFETY: the context is alive (`self.ctx` retains it).
+            Ok(_) => unsafe { result::ctx::set_current(ctx) }.map_err(message),
+            Err(e) => Err(message(e)),
+        }
     }
 
-    pub(crate) fn wait(&self, lane: u8, event: &CudaEvent) -> Result<(), String> {
-        self.stream(lane).wait(event).map_err(message)
+    pub(crate) fn new_event(&self) -> Result<RawEvent, String> {
+        self.bind()?;
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map(RawEvent)
+            .map_err(message)
+    }
+
+    /// Destroys an event (whose work is done: it comes from a completed
+    /// fence, or was never recorded).
+    pub(crate) fn destroy(&self, event: RawEvent) {
+        if self.bind().is_ok() {
+            // SAFETY: created by `new_event` on this context, destroyed once.
+            let _ = unsafe { result::event::destroy(event.0) };
+        }
+    }
+
+    /// Records `event` after the work enqueued on `lane` so far; on an
+    /// error, waits for that work first (see [`Settled`]).
+    pub(crate) fn record(&self, lane: u8, event: &RawEvent) -> Result<(), Settled> {
+        let recorded = self.bind().and_then(|()| {
+            // SAFETY: the event and the stream are this context's and alive.
+            unsafe { result::event::record(event.0, self.cu(lane)) }.map_err(message)
+        });
+        recorded.map_err(|e| self.settle(lane, e))
+    }
+
+    /// Makes `lane`'s later work wait for `event`'s.
+    pub(crate) fn wait(&self, lane: u8, event: &RawEvent) -> Result<(), String> {
+        self.bind()?;
+        // SAFETY: the stream and the event are this context's and alive.
+        unsafe {
+            result::stream::wait_event(
+                self.cu(lane),
+                event.0,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(message)
+    }
+
+    /// Whether the work before `event` (recorded on `lane`) is done: only
+    /// `CUDA_SUCCESS` says so. Any error but `CUDA_ERROR_NOT_READY` ends
+    /// the lane's work first (see [`Settled`]).
+    pub(crate) fn query(&self, lane: u8, event: &RawEvent) -> Poll<Result<(), Settled>> {
+        if let Err(e) = self.bind() {
+            return Poll::Ready(Err(self.settle(lane, e)));
+        }
+        // SAFETY: the event is this context's and alive.
+        match unsafe { result::event::query(event.0) } {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Poll::Pending,
+            Err(e) => Poll::Ready(Err(self.settle(lane, message(e)))),
+        }
+    }
+
+    /// `error` came with `lane`'s work: synchronises the lane, so that the
+    /// work is over before anything that depends on it proceeds.
+    fn settle(&self, lane: u8, error: String) -> Settled {
+        let synced = self.bind().and_then(|()| {
+            // SAFETY: the stream is this context's and alive.
+            unsafe { result::stream::synchronize(self.cu(lane)) }.map_err(message)
+        });
+        match synced {
+            Ok(()) => Settled::Over(error),
+            Err(again) => Settled::Dead(if again == error {
+                error
+            } else {
+                format!("{error} (then, synchronising the stream: {again})")
+            }),
+        }
     }
 
     pub(crate) fn enqueue_host(&self, lane: u8, f: Box<dyn FnOnce() + Send>) -> Result<(), String> {
-        let stream = self.stream(lane);
-        self.ctx.bind_to_thread().map_err(message)?;
+        self.bind()?;
         let arg = Box::into_raw(Box::new(f));
         // SAFETY: `call_host` takes back the box leaked here exactly once: the
         // driver calls it once if the launch succeeds; if it fails, we take it
         // back below instead. The stream is alive (owned by `self`).
-        let launched = unsafe {
-            result::stream::launch_host_function(stream.cu_stream(), call_host, arg.cast())
-        };
+        let launched =
+            unsafe { result::stream::launch_host_function(self.cu(lane), call_host, arg.cast()) };
         launched.map_err(|e| {
             // SAFETY: the driver refused the function, so it never calls it.
             drop(unsafe { Box::from_raw(arg) });
@@ -95,10 +212,34 @@ impl CudaGpu {
         })
     }
 
-    /// Waits for the device to finish (the engine drained already).
-    pub(crate) fn shutdown(&self) {
-        for s in self.lanes.iter() {
-            let _ = s.synchronize();
+    /// Waits for the streams to finish what they hold (nothing, after the
+    /// engine drained, unless an op was dropped mid-work), until `deadline`
+    /// at most (None: not at all): an event recorded on each, queried, so
+    /// that a hung kernel cannot hold the shutdown forever (as
+    /// `cuStreamSynchronize` would).
+    pub(crate) fn shutdown(&self, deadline: Option<Instant>) {
+        let Some(deadline) = deadline else { return };
+        let ends: Vec<(u8, RawEvent)> = (0..self.lanes.len() as u8)
+            .filter_map(|lane| {
+                let event = self.new_event().ok()?;
+                match self.record(lane, &event) {
+                    Ok(()) => Some((lane, event)),
+                    Err(_) => {
+                        self.destroy(event);
+                        None
+                    }
+                }
+            })
+            .collect();
+        let mut pause = Duration::from_micros(50);
+        for (lane, event) in ends {
+            while self.query(lane, &event).is_pending() && Instant::now() < deadline {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
+            // Destroying an event not reached yet is allowed: the driver
+            // releases it once reached.
+            self.destroy(event);
         }
     }
 }
@@ -109,18 +250,4 @@ unsafe extern "C" fn call_host(arg: *mut std::ffi::c_void) {
     // unwinds across this boundary.
     let f = unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
     f();
-}
-
-/// Whether the work before `event` is done; an error the event reports
-/// (a failed kernel, say) is the work's failure.
-pub(crate) fn query(event: &CudaEvent) -> Poll<Result<(), String>> {
-    // The poller thread's first query makes the context current on it.
-    if let Err(e) = event.context().bind_to_thread() {
-        return Poll::Ready(Err(message(e)));
-    }
-    match event.try_is_complete() {
-        Ok(true) => Poll::Ready(Ok(())),
-        Ok(false) => Poll::Pending,
-        Err(e) => Poll::Ready(Err(message(e))),
-    }
 }

@@ -1,5 +1,5 @@
 //! The poller: one host thread per stream device that watches the events of
-//! the ops in flight and completes their fences.
+//! the ops in flight, completes their fences, and finishes the ops.
 //!
 //! Each lane completes in order, so only the oldest event of each lane is
 //! queried: a round costs one query per busy lane, however many ops are in
@@ -7,26 +7,37 @@
 //! device (its *parents*) completes after them, so that a parent's failure
 //! is known and inherited (the work behind a failed event ran on garbage).
 //!
-//! Between rounds that complete nothing the poller spins a little, then
-//! yields, then sleeps with a doubling timeout up to [`MAX_SLEEP`]; a new
-//! fence or a nudge (a simulated stream reached an event) wakes it at once.
-//! With nothing in flight it sleeps until a fence arrives.
+//! Completing a fence wakes its waiters (host ops, other devices' ops),
+//! then finishes the op itself here, on this thread: its task is run inline
+//! (see [`take_inline`]) rather than sent back to the device's launcher,
+//! where one body that blocks (a copy from pageable memory, a synchronise)
+//! would hold up every completion.
+//!
+//! Between rounds that complete nothing the poller sleeps, with a timeout
+//! doubling from [`MIN_SLEEP`] up to [`MAX_SLEEP`]; it spins, then yields,
+//! before sleeping only while some fence in flight has a waiter (a host
+//! consumer, whose latency it is), and a new fence, a nudge (a simulated
+//! stream reached an event) or a first waiter wakes it and starts the
+//! backoff again. With nothing in flight it sleeps until a fence arrives.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::task::Poll;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
 
-use super::{Backend, Fence};
+use super::{Backend, Deferred, Fence, Threads};
 use crate::error::{FailureKind, OpFailure};
 use crate::loom::sync::{Condvar, Mutex};
 
-/// Rounds without progress spent spinning, then yielding, before sleeping.
+/// Rounds without progress spent spinning, then yielding, before sleeping,
+/// while a fence in flight has a waiter.
 const SPIN_ROUNDS: u32 = 64;
 const YIELD_ROUNDS: u32 = 64;
-/// The longest sleep between rounds while work is in flight.
+/// The first and the longest sleep between rounds while work is in flight.
+pub(crate) const MIN_SLEEP: Duration = Duration::from_micros(5);
 pub(crate) const MAX_SLEEP: Duration = Duration::from_micros(200);
 
 /// One op's work in flight.
@@ -38,11 +49,18 @@ pub(crate) struct Entry {
     pub(crate) body_failure: Option<Arc<OpFailure>>,
     /// The op's name, for its failure.
     pub(crate) name: Option<Cow<'static, str>>,
+    /// The op's own task, woken (and run here) once the fence completes.
+    pub(crate) owner: Option<Waker>,
+    /// What the body handed to `Stream::drop_after`: dropped here once the
+    /// work is done, before the fence completes.
+    pub(crate) deferred: Vec<Deferred>,
 }
 
 #[derive(Default)]
 struct State {
     incoming: Vec<Entry>,
+    /// Something happened that a sleeping poller should look at: an event
+    /// reached, a first waiter.
     nudged: bool,
     stop: bool,
 }
@@ -52,6 +70,12 @@ struct State {
 pub(crate) struct Wake {
     state: Mutex<State>,
     cv: Condvar,
+    /// Fences in flight with a waiter: counted up by their first waiter
+    /// (`Watch::first_waiter`), down by their completion (either may come
+    /// first, hence signed).
+    waited: AtomicIsize,
+    #[cfg(test)]
+    stats: Stats,
 }
 
 impl Wake {
@@ -62,10 +86,18 @@ impl Wake {
     /// A function that wakes the poller (an event was reached).
     pub(crate) fn nudger(self: &Arc<Self>) -> Arc<dyn Fn() + Send + Sync> {
         let wake = self.clone();
-        Arc::new(move || {
-            wake.lock().nudged = true;
-            wake.cv.notify_one();
-        })
+        Arc::new(move || wake.nudge())
+    }
+
+    fn nudge(&self) {
+        self.lock().nudged = true;
+        self.cv.notify_one();
+    }
+
+    /// A first waiter registered on a fence of this device.
+    pub(crate) fn waiter(&self) {
+        self.waited.fetch_add(1, Relaxed);
+        self.nudge();
     }
 
     fn lock(&self) -> crate::loom::sync::MutexGuard<'_, State> {
@@ -73,9 +105,33 @@ impl Wake {
     }
 }
 
+crate::loom::thread::thread_local! {
+    /// The poller is waking an op it completed: run it here (see
+    /// [`take_inline`]).
+    static INLINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the op being dispatched is one this thread, a poller, just
+/// completed: then the executor runs it at once, here, rather than on the
+/// device's launcher. True once per completion, so that what the op's end
+/// makes ready is dispatched as usual.
+pub(crate) fn take_inline() -> bool {
+    INLINE.try_with(|i| i.replace(false)).unwrap_or(false)
+}
+
+/// Wakes `owner`, an op whose fence just completed, to run it here: its
+/// task's schedule function dispatches it, and the executor sees
+/// [`take_inline`]. (If the task is running elsewhere, async-task schedules
+/// it from there once it returns, and it runs on the launcher.)
+fn finish_here(owner: Waker) {
+    INLINE.with(|i| i.set(true));
+    owner.wake();
+    INLINE.with(|i| i.set(false));
+}
+
 pub(crate) struct Poller {
     wake: Arc<Wake>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Arc<Threads>,
 }
 
 impl Poller {
@@ -85,16 +141,12 @@ impl Poller {
         device: Arc<Backend>,
         wake: Arc<Wake>,
     ) -> std::io::Result<Self> {
-        let thread = std::thread::Builder::new()
-            .name(format!("{name}-poll"))
-            .spawn({
-                let wake = wake.clone();
-                move || run(&wake, &device, lanes)
-            })?;
-        Ok(Self {
-            wake,
-            thread: Mutex::new(Some(thread)),
-        })
+        let thread = Arc::new(Threads::default());
+        thread.spawn(format!("{name}-poll"), {
+            let wake = wake.clone();
+            move || run(&wake, &device, lanes)
+        })?;
+        Ok(Self { wake, thread })
     }
 
     /// Hands the poller an op's work in flight.
@@ -103,16 +155,12 @@ impl Poller {
         self.wake.cv.notify_one();
     }
 
-    /// Stops the thread once what it watches is done, and joins it.
-    pub(crate) fn shutdown(&self) {
+    /// Stops the thread once what it watches is done, and joins it, waiting
+    /// until `deadline` at most (see `Threads::join`).
+    pub(crate) fn shutdown(&self, deadline: Instant) {
         self.wake.lock().stop = true;
         self.wake.cv.notify_one();
-        let thread = self.thread.lock().take();
-        if let Some(t) = thread
-            && t.thread().id() != std::thread::current().id()
-        {
-            let _ = t.join();
-        }
+        self.thread.join(Some(deadline));
     }
 }
 
@@ -122,16 +170,62 @@ impl std::fmt::Debug for Poller {
     }
 }
 
+/// What the poller does between rounds that complete nothing.
+#[derive(Debug, PartialEq, Eq)]
+enum Pause {
+    Spin,
+    Yield,
+    Sleep(Duration),
+}
+
+/// The backoff between idle rounds (module docs).
+struct Backoff {
+    idle_rounds: u32,
+    sleep: Duration,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Self {
+            idle_rounds: 0,
+            sleep: MIN_SLEEP,
+        }
+    }
+
+    /// Progress, or new work: start again.
+    fn reset(&mut self) {
+        *self = Self::new();
+    }
+
+    /// The pause after one more idle round; `waited`: a fence in flight has
+    /// a waiter.
+    fn next(&mut self, waited: bool) -> Pause {
+        self.idle_rounds = self.idle_rounds.saturating_add(1);
+        if waited && self.idle_rounds <= SPIN_ROUNDS {
+            Pause::Spin
+        } else if waited && self.idle_rounds <= SPIN_ROUNDS + YIELD_ROUNDS {
+            Pause::Yield
+        } else {
+            let sleep = self.sleep;
+            self.sleep = (sleep * 2).min(MAX_SLEEP);
+            Pause::Sleep(sleep)
+        }
+    }
+}
+
 fn run(wake: &Wake, device: &Backend, lanes: usize) {
     let _device = super::DeviceThread::enter();
+    device.enter_thread();
     let mut in_flight: Vec<VecDeque<Entry>> = (0..lanes).map(|_| VecDeque::new()).collect();
     let mut count = 0usize;
-    let mut idle_rounds = 0u32;
-    let mut sleep = Duration::from_micros(5);
+    let mut backoff = Backoff::new();
     loop {
         {
             let mut state = wake.lock();
             loop {
+                if !state.incoming.is_empty() {
+                    backoff.reset();
+                }
                 for e in state.incoming.drain(..) {
                     in_flight[usize::from(e.fence.lane())].push_back(e);
                     count += 1;
@@ -145,64 +239,85 @@ fn run(wake: &Wake, device: &Backend, lanes: usize) {
                 state.nudged = false;
                 state = wake.cv.wait(state);
             }
-            state.nudged = false;
+            if std::mem::take(&mut state.nudged) {
+                backoff.reset();
+            }
         }
-        let done = round(device, &mut in_flight);
+        let done = round(device, wake, &mut in_flight);
         count -= done;
         if done > 0 {
-            idle_rounds = 0;
-            sleep = Duration::from_micros(5);
+            backoff.reset();
             continue;
         }
-        idle_rounds += 1;
-        if idle_rounds <= SPIN_ROUNDS {
-            std::hint::spin_loop();
-        } else if idle_rounds <= SPIN_ROUNDS + YIELD_ROUNDS {
-            std::thread::yield_now();
-        } else {
-            let state = wake.lock();
-            if state.incoming.is_empty() && !state.nudged {
-                drop(wake.cv.wait_timeout(state, sleep));
-                sleep = (sleep * 2).min(MAX_SLEEP);
+        let pause = backoff.next(wake.waited.load(Relaxed) > 0);
+        #[cfg(test)]
+        wake.stats.record(&pause);
+        match pause {
+            Pause::Spin => std::hint::spin_loop(),
+            Pause::Yield => std::thread::yield_now(),
+            Pause::Sleep(sleep) => {
+                let state = wake.lock();
+                if state.incoming.is_empty() && !state.nudged {
+                    drop(wake.cv.wait_timeout(state, sleep));
+                }
             }
         }
     }
 }
 
 /// Completes what is done at the head of each lane; returns how many.
-fn round(device: &Backend, in_flight: &mut [VecDeque<Entry>]) -> usize {
+fn round(device: &Backend, wake: &Wake, in_flight: &mut [VecDeque<Entry>]) -> usize {
     let mut done = 0;
     for lane in in_flight.iter_mut() {
         while let Some(head) = lane.front() {
-            if head.parents.iter().any(|p| !p.is_done()) {
-                break; // a parent on another lane completes first
-            }
-            let outcome = match device.query(head.fence.event()) {
-                Poll::Pending => break,
-                Poll::Ready(r) => r,
+            // A dead device runs nothing more: what is in flight fails with
+            // the error it died of.
+            let outcome = if let Some(error) = device.dead() {
+                Err(format!("the device is dead: {error}"))
+            } else {
+                if head.parents.iter().any(|p| !p.is_done()) {
+                    break; // a parent on another lane completes first
+                }
+                match device.query(head.fence.lane(), head.fence.event()) {
+                    Poll::Pending => break,
+                    Poll::Ready(r) => r,
+                }
             };
             let entry = lane.pop_front().expect("head exists");
-            complete(entry, outcome);
+            complete(entry, outcome, wake);
             done += 1;
         }
     }
     done
 }
 
-fn complete(entry: Entry, outcome: Result<(), String>) {
+fn complete(entry: Entry, outcome: Result<(), String>, wake: &Wake) {
     let Entry {
         fence,
         parents,
         body_failure,
         name,
+        owner,
+        deferred,
     } = entry;
+    // The work is over (or the device dead): the values the body handed on
+    // may go, on this thread (which keeps a CUDA context current). A panic
+    // there fails the op, unless something else did.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(deferred)))
+        .err()
+        .map(|p| {
+            format!(
+                "a value handed to drop_after panicked when dropped: {}",
+                crate::error::panic_message(p.as_ref())
+            )
+        });
     // In program order: an input's failure, the body's, the device's.
     let inherited = parents.iter().find_map(|p| p.failure());
     let own = || {
         if body_failure.is_some() {
             return body_failure;
         }
-        let message = outcome.err().or_else(|| fence.take_fault())?;
+        let message = outcome.err().or_else(|| fence.take_fault()).or(dropped)?;
         Some(Arc::new(OpFailure::new(name, FailureKind::Device(message))))
     };
     match inherited {
@@ -211,5 +326,150 @@ fn complete(entry: Entry, outcome: Result<(), String>) {
             Some(failure) => fence.complete(Err(failure)),
             None => fence.complete(Ok(())),
         },
+    }
+    if fence.was_waited() {
+        wake.waited.fetch_sub(1, Relaxed);
+    }
+    drop(parents);
+    if let Some(owner) = owner {
+        finish_here(owner);
+    }
+}
+
+/// What the poller did between idle rounds (unit tests).
+#[cfg(test)]
+#[derive(Default)]
+struct Stats {
+    spins: std::sync::atomic::AtomicU64,
+    /// Sleeps, the last one's length in µs, and the shortest ones.
+    sleeps: std::sync::atomic::AtomicU64,
+    last_sleep_us: std::sync::atomic::AtomicU64,
+    min_sleeps: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(test)]
+impl Stats {
+    fn record(&self, pause: &Pause) {
+        match pause {
+            Pause::Spin | Pause::Yield => {
+                self.spins.fetch_add(1, Relaxed);
+            }
+            Pause::Sleep(d) => {
+                self.last_sleep_us.store(d.as_micros() as u64, Relaxed);
+                self.sleeps.fetch_add(1, Relaxed);
+                if *d == MIN_SLEEP {
+                    self.min_sleeps.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::mpsc;
+    use std::task::{Context, Waker};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::device::{Spec, StreamDevice};
+
+    /// Waits up to 10 s for `cond` (a hang bound, not a timing check).
+    fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < end, "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A simulated device with a fence in flight on lane 0 that cannot
+    /// complete until the returned sender is dropped.
+    fn held() -> (StreamDevice, Arc<Fence>, mpsc::Sender<()>) {
+        let dev = StreamDevice::new("poller-test", &Spec::Sim { compute: 1 }).unwrap();
+        let (tx, rx) = mpsc::channel::<()>();
+        dev.backend
+            .enqueue_host(
+                0,
+                Box::new(move || {
+                    let _ = rx.recv();
+                }),
+            )
+            .unwrap();
+        let fence = Arc::new(watched(&dev));
+        (dev, fence, tx)
+    }
+
+    /// A fence recorded after lane 0's work so far, watched by the poller.
+    fn watched(dev: &StreamDevice) -> Fence {
+        let event = dev.backend.new_event().unwrap();
+        dev.backend.record(0, &event).unwrap();
+        Fence::new(0, 0, event)
+    }
+
+    fn watch(dev: &StreamDevice, fence: &Arc<Fence>) {
+        dev.poller.watch(Entry {
+            fence: fence.clone(),
+            parents: Vec::new(),
+            body_failure: None,
+            name: None,
+            owner: None,
+            deferred: Vec::new(),
+        });
+    }
+
+    fn stats(dev: &StreamDevice) -> &Stats {
+        &dev.poller.wake.stats
+    }
+
+    #[test]
+    fn the_poller_spins_only_while_a_fence_has_a_waiter() {
+        let (dev, fence, open) = held();
+        watch(&dev, &fence);
+        eventually("a few sleeps", || stats(&dev).sleeps.load(Relaxed) >= 4);
+        assert_eq!(stats(&dev).spins.load(Relaxed), 0, "spun with no waiter");
+        // A host consumer waits for the fence: now latency matters.
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(fence.poll_done(&mut cx).is_pending());
+        eventually("spins", || stats(&dev).spins.load(Relaxed) > 0);
+        drop(open);
+        eventually("the fence completes", || fence.is_done());
+        assert_eq!(dev.poller.wake.waited.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn new_work_resets_the_pollers_backoff() {
+        let (dev, fence, open) = held();
+        watch(&dev, &fence);
+        let max = MAX_SLEEP.as_micros() as u64;
+        eventually("the longest sleep", || {
+            stats(&dev).last_sleep_us.load(Relaxed) == max
+        });
+        let short = stats(&dev).min_sleeps.load(Relaxed);
+        let second = Arc::new(watched(&dev));
+        watch(&dev, &second);
+        eventually("a short sleep after the new fence", || {
+            stats(&dev).min_sleeps.load(Relaxed) > short
+        });
+        drop(open);
+        eventually("both complete", || second.is_done());
+    }
+
+    #[test]
+    fn the_backoff_spins_and_yields_only_for_waiters() {
+        let mut b = Backoff::new();
+        assert_eq!(b.next(false), Pause::Sleep(MIN_SLEEP));
+        assert_eq!(b.next(false), Pause::Sleep(MIN_SLEEP * 2));
+        b.reset();
+        assert_eq!(b.next(true), Pause::Spin);
+        for _ in 1..SPIN_ROUNDS {
+            assert_eq!(b.next(true), Pause::Spin);
+        }
+        assert_eq!(b.next(true), Pause::Yield);
+        for _ in 0..20 {
+            b.next(false);
+        }
+        assert_eq!(b.next(false), Pause::Sleep(MAX_SLEEP));
     }
 }

@@ -1,6 +1,11 @@
-//! A simulated GPU: one host thread per stream runs what is enqueued on it,
-//! in order; an event completes when its stream reaches it; a stream told to
-//! wait for an event blocks (that stream's thread only) until it completes.
+//! A simulated GPU: one host thread per stream runs the device work
+//! enqueued on it (`Stream::simulate`), in order; an event completes when
+//! its stream reaches it; a stream told to wait for an event blocks (that
+//! stream's thread only) until it completes. Host functions
+//! (`Stream::enqueue`) all run on one more thread, one at a time, each
+//! stream waiting for its own: CUDA may serialise them so, and a host
+//! function that waits for another stream's host function would deadlock
+//! there; here it deadlocks too, rather than only on a GPU.
 //!
 //! It drives the very launcher, fence and poller code a CUDA device does, so
 //! the stream machinery is tested where there is no GPU (`tests/streams.rs`,
@@ -8,53 +13,90 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::task::Poll;
+use std::time::Instant;
 
-use crate::loom::sync::atomic::{AtomicU8, Ordering::*};
+use super::Threads;
+use super::backend::Settled;
+
+use crate::loom::sync::atomic::{AtomicU64, Ordering::*};
 use crate::loom::sync::{Condvar, Mutex};
 
-/// An event of the simulated device.
+/// An event of the simulated device, reusable: each use records a new
+/// *generation* (1, 2, ...), which the stream *reaches* in turn. A wait for
+/// generation `g` is satisfied once the stream reached `g` or a later one,
+/// as a CUDA stream's wait is tied to the record current when it was made,
+/// not to later ones.
 #[derive(Default)]
 pub struct SimEvent {
-    done: AtomicU8,
+    /// The last generation handed out (`next`).
+    issued: AtomicU64,
+    /// The last generation the stream reached.
+    reached_gen: AtomicU64,
     lock: Mutex<()>,
     reached: Condvar,
 }
 
 impl SimEvent {
-    /// Whether the stream reached the event.
-    pub fn is_done(&self) -> bool {
-        self.done.load(Acquire) != 0
+    /// The generation of the event's next use.
+    pub fn next(&self) -> u64 {
+        self.issued.fetch_add(1, Relaxed) + 1
     }
 
-    /// The stream reached the event.
-    pub fn signal(&self) {
+    /// Whether the stream reached generation `generation`.
+    pub fn is_reached(&self, generation: u64) -> bool {
+        self.reached_gen.load(Acquire) >= generation
+    }
+
+    /// The stream reached generation `generation`.
+    pub fn signal(&self, generation: u64) {
         let _g = self.lock.lock();
-        self.done.store(1, Release);
+        self.reached_gen.fetch_max(generation, Release);
         self.reached.notify_all();
     }
 
-    /// Blocks the calling stream thread until the event is reached.
-    pub fn wait(&self) {
+    /// Blocks the calling stream thread until generation `generation` is
+    /// reached.
+    pub fn wait(&self, generation: u64) {
         let mut g = self.lock.lock();
-        while !self.is_done() {
+        while !self.is_reached(generation) {
             g = self.reached.wait(g);
         }
     }
 }
 
+/// The loom models' events (the engine's are `backend::Event`).
+impl crate::core::fence::Watch for Arc<SimEvent> {}
+
 impl std::fmt::Debug for SimEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimEvent")
-            .field("done", &self.is_done())
+            .field("reached", &self.reached_gen.load(Relaxed))
             .finish()
     }
 }
 
 enum Item {
+    /// Device work (`Stream::simulate`): run on the lane's thread.
     Run(Box<dyn FnOnce() + Send>),
-    Wait(Arc<SimEvent>),
-    Signal(Arc<SimEvent>),
+    /// A host function (`Stream::enqueue`): run on the device's host
+    /// function thread, the lane waiting for it.
+    Host(Box<dyn FnOnce() + Send>),
+    Wait(Arc<SimEvent>, u64),
+    Signal(Arc<SimEvent>, u64),
+    /// Tests: the device reports an error from here on (see
+    /// [`SimGpu::fault`]).
+    Fault(String, bool),
+}
+
+/// An error the simulated device reports with its events: a stand-in for
+/// CUDA's asynchronous errors, for tests.
+#[derive(Default)]
+struct Fault {
+    /// Reported by the next query of any event, once.
+    pending: Option<String>,
+    /// Reported by every query from now on: the device runs nothing more.
+    sticky: Option<String>,
 }
 
 #[derive(Default)]
@@ -69,43 +111,59 @@ struct Lane {
     ready: crate::loom::sync::Condvar,
 }
 
-/// The simulated device: its streams' threads.
+/// The simulated device: its streams' threads, and the one thread that
+/// runs every stream's host functions, one at a time (as CUDA may).
 pub(crate) struct SimGpu {
     lanes: Box<[Arc<Lane>]>,
-    threads: crate::loom::sync::Mutex<Vec<JoinHandle<()>>>,
+    threads: Arc<Threads>,
+    fault: Arc<Mutex<Fault>>,
 }
 
+/// A host function handed to the host function thread, and the generation
+/// of its lane's event that says it returned.
+type HostCall = (Box<dyn FnOnce() + Send>, Arc<SimEvent>, u64);
+
 impl SimGpu {
-    /// Starts `lanes` stream threads; `reached` is called after each event
-    /// completes (to wake the poller).
+    /// Starts `lanes` stream threads and the host function thread;
+    /// `reached` is called after each event completes (to wake the poller).
     pub(crate) fn new(
         name: &str,
         lanes: usize,
         reached: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
-        let lanes: Box<[Arc<Lane>]> = (0..lanes).map(|_| Arc::default()).collect();
-        let mut threads = Vec::with_capacity(lanes.len());
-        for (i, lane) in lanes.iter().enumerate() {
-            let (lane, reached) = (lane.clone(), reached.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("{name}-stream{i}"))
-                .spawn(move || run_lane(&lane, &*reached));
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    let gpu = Self {
-                        lanes,
-                        threads: crate::loom::sync::Mutex::new(threads),
-                    };
-                    gpu.shutdown();
-                    return Err(e);
-                }
+        let gpu = Self {
+            lanes: (0..lanes).map(|_| Arc::default()).collect(),
+            threads: Arc::default(),
+            fault: Arc::default(),
+        };
+        // The host function thread runs until every stream thread (each
+        // holding a sender) is gone.
+        let (calls, queue) = std::sync::mpsc::channel::<HostCall>();
+        let started = gpu.threads.spawn(format!("{name}-hostfn"), move || {
+            let _device = super::DeviceThread::enter();
+            for (f, returned, generation) in queue {
+                // Panics are caught inside `f` (see `Stream::enqueue`).
+                f();
+                returned.signal(generation);
+            }
+        });
+        if let Err(e) = started {
+            gpu.shutdown(None);
+            return Err(e);
+        }
+        for (i, lane) in gpu.lanes.iter().enumerate() {
+            let (lane, reached, f) = (lane.clone(), reached.clone(), gpu.fault.clone());
+            let lane_calls = calls.clone();
+            let spawned = gpu.threads.spawn(format!("{name}-stream{i}"), move || {
+                run_lane(&lane, &*reached, &f, &lane_calls)
+            });
+            if let Err(e) = spawned {
+                drop(calls);
+                gpu.shutdown(None);
+                return Err(e);
             }
         }
-        Ok(Self {
-            lanes,
-            threads: crate::loom::sync::Mutex::new(threads),
-        })
+        Ok(gpu)
     }
 
     fn push(&self, lane: u8, item: Item) {
@@ -114,36 +172,85 @@ impl SimGpu {
         lane.ready.notify_one();
     }
 
+    /// Device work: `f` runs on `lane`'s own thread, in the lane's order.
     pub(crate) fn run(&self, lane: u8, f: Box<dyn FnOnce() + Send>) {
         self.push(lane, Item::Run(f));
     }
 
-    pub(crate) fn wait(&self, lane: u8, event: Arc<SimEvent>) {
-        self.push(lane, Item::Wait(event));
+    /// A host function: `f` runs on the host function thread when `lane`
+    /// reaches it, and the lane waits for it to return.
+    pub(crate) fn host(&self, lane: u8, f: Box<dyn FnOnce() + Send>) {
+        self.push(lane, Item::Host(f));
     }
 
-    pub(crate) fn signal(&self, lane: u8, event: Arc<SimEvent>) {
-        self.push(lane, Item::Signal(event));
+    /// Makes `lane` wait until generation `generation` of `event` is reached.
+    pub(crate) fn wait(&self, lane: u8, event: Arc<SimEvent>, generation: u64) {
+        self.push(lane, Item::Wait(event, generation));
     }
 
-    /// Lets the streams finish what they hold, then joins their threads.
-    pub(crate) fn shutdown(&self) {
+    /// `lane` reaches generation `generation` of `event` after what it holds.
+    pub(crate) fn signal(&self, lane: u8, event: Arc<SimEvent>, generation: u64) {
+        self.push(lane, Item::Signal(event, generation));
+    }
+
+    /// Tests: once `lane` reaches this point, the device reports `message`
+    /// with the next query of an event (`sticky`: with every query, and it
+    /// runs nothing more), as CUDA reports the errors of asynchronous work.
+    pub(crate) fn fault(&self, lane: u8, message: String, sticky: bool) {
+        self.push(lane, Item::Fault(message, sticky));
+    }
+
+    /// Whether the work before `event`, recorded on `lane`, is done. An
+    /// error is reported as CUDA's is (see `cuda::CudaGpu::query`): a
+    /// passing one once the lane's work is over, a sticky one as fatal.
+    pub(crate) fn query(
+        &self,
+        lane: u8,
+        event: &SimEvent,
+        generation: u64,
+    ) -> Poll<Result<(), Settled>> {
+        let pending = {
+            let mut fault = self.fault.lock();
+            if let Some(m) = &fault.sticky {
+                return Poll::Ready(Err(Settled::Dead(m.clone())));
+            }
+            fault.pending.take()
+        };
+        if let Some(m) = pending {
+            // Synchronise the lane: a new event, waited for.
+            let reached = Arc::new(SimEvent::default());
+            self.signal(lane, reached.clone(), 1);
+            reached.wait(1);
+            return Poll::Ready(Err(Settled::Over(m)));
+        }
+        if event.is_reached(generation) {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Lets the streams finish what they hold, then joins their threads,
+    /// waiting until `deadline` at most (None: not at all; see
+    /// `Threads::join`).
+    pub(crate) fn shutdown(&self, deadline: Option<Instant>) {
         for lane in self.lanes.iter() {
             lane.queue.lock().stop = true;
             lane.ready.notify_one();
         }
-        let threads = std::mem::take(&mut *self.threads.lock());
-        let me = std::thread::current().id();
-        for t in threads {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
+        self.threads.join(deadline);
     }
 }
 
-fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
+fn run_lane(
+    lane: &Lane,
+    reached: &(dyn Fn() + Send + Sync),
+    fault: &Mutex<Fault>,
+    calls: &std::sync::mpsc::Sender<HostCall>,
+) {
     let _device = super::DeviceThread::enter();
+    // Reached each time a host function of this lane returns.
+    let returned = Arc::new(SimEvent::default());
     loop {
         let item = {
             let mut q = lane.queue.lock();
@@ -157,12 +264,33 @@ fn run_lane(lane: &Lane, reached: &(dyn Fn() + Send + Sync)) {
                 q = lane.ready.wait(q);
             }
         };
+        // After a sticky error the device runs nothing more (as CUDA's
+        // context does); its events are still reached, so nothing waits.
+        let dead = fault.lock().sticky.is_some();
         match item {
+            Item::Run(_) | Item::Host(_) if dead => {}
+            Item::Wait(..) if dead => {}
             // Panics are caught inside `f` (see `Stream::enqueue`).
             Item::Run(f) => f(),
-            Item::Wait(event) => event.wait(),
-            Item::Signal(event) => {
-                event.signal();
+            Item::Host(f) => {
+                let generation = returned.next();
+                if calls.send((f, returned.clone(), generation)).is_ok() {
+                    returned.wait(generation);
+                }
+            }
+            Item::Wait(event, generation) => event.wait(generation),
+            Item::Signal(event, generation) => {
+                event.signal(generation);
+                reached();
+            }
+            Item::Fault(message, sticky) => {
+                let mut f = fault.lock();
+                if sticky {
+                    f.sticky.get_or_insert(message);
+                } else {
+                    f.pending.get_or_insert(message);
+                }
+                drop(f);
                 reached();
             }
         }

@@ -57,6 +57,11 @@ impl Exec {
     pub(crate) fn schedule(&self, op: Runner, yielded: bool) {
         match self {
             Exec::Pool(pool) => pool.schedule(op, yielded),
+            // An op its device's poller just completed finishes there (see
+            // `device::poller`); any other goes to the launcher.
+            Exec::Stream(_) if crate::device::poller::take_inline() => {
+                op.run();
+            }
             Exec::Stream(s) => s.launcher.schedule(op, yielded),
             Exec::Other(queue) => queue.schedule(op, yielded),
         }
@@ -223,8 +228,10 @@ impl Executor {
     }
 
     /// A simulated GPU with `compute_streams` compute streams and two copy
-    /// streams, each a host thread that runs what is enqueued on it in
-    /// order; events complete when their stream reaches them. It runs the
+    /// streams, each a host thread that runs the work
+    /// [simulated](crate::stream::Stream::simulate) on it in order, and one
+    /// more thread that runs every stream's host functions one at a time (as
+    /// CUDA may); events complete when their stream reaches them. It runs the
     /// same launcher, event and completion code as [`Executor::cuda`], so
     /// GPU programs can be tested (and their dependencies checked) on any
     /// machine. See [`Stream`](crate::stream::Stream) for an example.

@@ -3,8 +3,8 @@
 //! async, and a `wait_timeout()` that gives up at a deadline.
 //!
 //! A blocking wait refuses to block, rather than risk hanging, where the
-//! thread may be one the awaited work needs: inside an op
-//! ([`Error::BlockingInOp`]) and, with the `tokio` feature, inside a tokio
+//! thread may be one the awaited work needs: inside an op, or a host
+//! function a stream op enqueued ([`Error::BlockingInOp`]) and, with the `tokio` feature, inside a tokio
 //! runtime ([`Error::BlockingInRuntime`]).
 
 use std::future::Future;
@@ -22,9 +22,11 @@ use crate::error::{Error, FailureKind, OpFailure};
 use crate::exec::in_tokio_runtime;
 
 /// Why the calling thread must not block on work that is not done: it runs
-/// an op, or it is inside a tokio runtime.
+/// an op (its body, or device work: a stream device's host function, stream
+/// thread or poller, which the awaited work may need), or it is inside a
+/// tokio runtime.
 fn refuse_to_block() -> Option<Error> {
-    if in_op() {
+    if in_op() || crate::device::on_device_thread() {
         Some(Error::BlockingInOp)
     } else if in_tokio_runtime() {
         Some(Error::BlockingInRuntime)
