@@ -1,6 +1,8 @@
 //! Loom models of the resource broker: requests racing for the last units,
-//! releases racing new requests, all-or-nothing grants over two pools, and
-//! seed 003's program with the next micro-batch pushed while it runs.
+//! releases racing new requests, all-or-nothing grants over two pools,
+//! seed 003's program with the next micro-batch pushed while it runs, and a
+//! parked request moving from one pool to another while releases (or a
+//! retire that gives it its turn) race it.
 //!
 //! A granted request is "run" by whichever thread the broker handed it to
 //! (the requester, or the thread whose release made room), as the engine
@@ -231,5 +233,72 @@ fn seed_003_completes_with_the_next_micro_batch() {
             assert_eq!(world.ran(id), 1, "request {id} never ran: deadlock");
         }
         assert_eq!(world.broker.pools()[0].free, 2);
+    });
+}
+
+/// A request short of two pools is parked at the first and moves to the
+/// second when the first's units come back; releases of both pools race
+/// each other and a younger request for the second pool alone. Each
+/// request runs exactly once, never over a capacity, and every unit comes
+/// back.
+#[test]
+fn a_request_short_of_two_pools_moves_between_them() {
+    loom::model(|| {
+        let world = World::new(&[1, 1], 4);
+        // Requests 0 and 1 hold both pools' units.
+        world.request(req(0, &[(0, 1, false, 0)]), &|_, _| {});
+        world.request(req(1, &[(1, 1, false, 0)]), &|_, _| {});
+        // Request 2 needs both: parked at pool 0.
+        world.request(req(2, &[(0, 1, false, 1), (1, 1, false, 1)]), &give_back);
+        let p = thread::spawn({
+            let world = world.clone();
+            move || world.release(&[(0, 1)], &give_back)
+        });
+        let q = thread::spawn({
+            let world = world.clone();
+            move || world.release(&[(1, 1)], &give_back)
+        });
+        world.request(req(3, &[(1, 1, false, 2)]), &give_back);
+        p.join().unwrap();
+        q.join().unwrap();
+        for id in 2..4 {
+            assert_eq!(world.ran(id), 1, "request {id} never ran");
+        }
+        let pools = world.broker.pools();
+        assert_eq!((pools[0].free, pools[1].free), (1, 1));
+    });
+}
+
+/// A request short of one pool and waiting for its turn on another (a
+/// lasting demand behind an older ticket) moves from the first pool to the
+/// second when units come back, while the older ticket is retired (its op
+/// skipped) on another thread: whichever comes first, the request runs,
+/// exactly once, and keeps only its lasting unit.
+#[test]
+fn a_moved_request_gets_its_turn_from_a_racing_retire() {
+    loom::model(|| {
+        let world = World::new(&[1, 1], 3);
+        // Request 0 holds pool 0's unit.
+        world.request(req(0, &[(0, 1, false, 0)]), &|_, _| {});
+        // Request 1 needs pool 0, and pool 1's unit to keep, after ticket
+        // 0 of pool 1: parked at pool 0.
+        let keep_lasting = |world: &World, r: &Req| {
+            if r.id == 1 {
+                world.release(&[(0, 1)], &|_, _| {});
+            }
+        };
+        world.request(req(1, &[(0, 1, false, 1), (1, 1, true, 1)]), &keep_lasting);
+        let releaser = thread::spawn({
+            let world = world.clone();
+            move || world.release(&[(0, 1)], &keep_lasting)
+        });
+        // Ticket 0 of pool 1 will never ask: retired.
+        let retire = [Demand::new(1, 1, false, 0)];
+        world.run(world.broker.retire(&retire), &keep_lasting);
+        releaser.join().unwrap();
+        assert_eq!(world.ran(1), 1, "request 1 never ran");
+        let pools = world.broker.pools();
+        assert_eq!((pools[0].free, pools[1].free), (1, 0));
+        assert_eq!(pools[1].base, 2);
     });
 }

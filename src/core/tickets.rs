@@ -62,6 +62,36 @@
 //! `Engine::diagnostics` names the suspects: ops awaiting inside their body
 //! while holding units that a parked op needs.
 //!
+//! # Where parked requests wait
+//!
+//! Each pool keeps the requests parked *at* it, in arrival order. A request
+//! that does not fit parks at the pool of its first unmet demand: too few
+//! units free there, or a lasting demand whose turn has not come. The
+//! invariant, whenever the lock is free: **every parked request's demand on
+//! the pool it is parked at is unmet**, so no parked request fits, and only
+//! a change to that pool can make it fit: units given back, or its `base`
+//! moved by a grant or a retire (which matters only while a lasting request
+//! is parked there: the pool counts them).
+//!
+//! So a broker call rescans only the pools it changed: a release, each pool
+//! it gives units back to, at once; a grant or a retire that moves a pool's
+//! `base` while a lasting request is parked there puts that pool on a
+//! worklist, rescanned before the lock is released (a pool is on it at most
+//! once at a time; a lasting request passed over earlier in the same rescan
+//! thus gets its turn). A rescan looks at the pool's requests oldest first
+//! and stops as soon as the pool has no unit free (every demand is for one
+//! unit at least): a request that now fits is granted; one that fits this
+//! pool but not another moves to the other pool, at its place in arrival
+//! order there (that pool's next change looks at it); the others stay.
+//! Requests parked at an exhausted pool thus cost nothing to the traffic of
+//! other pools, and a release that grants the oldest request of its pool
+//! looks at nothing else. What remains linear: a change to a pool whose free
+//! units fit none of its parked requests looks at each of them.
+//!
+//! The granting rules above do not depend on where a request waits. Among
+//! the requests parked at one pool that fit, the oldest arrival is granted
+//! first; [`Broker::for_each_waiting`] lists them all, oldest arrival first.
+//!
 //! The state is one mutex per engine: requests and releases are short
 //! critical sections that never run an op, wake a thread or drop user data
 //! (granted requests are handed back to the caller to dispatch after the lock
@@ -128,7 +158,7 @@ pub struct PoolState {
     pub base: u64,
 }
 
-struct Pool {
+struct Pool<W> {
     name: String,
     capacity: u64,
     free: u64,
@@ -137,14 +167,24 @@ struct Pool {
     /// Tickets from `base` on, granted out of order: `granted[i]` is ticket
     /// `base + i`.
     granted: VecDeque<bool>,
+    /// Requests parked here: their demand on this pool is not met. In
+    /// arrival order.
+    parked: VecDeque<Parked<W>>,
+    /// How many of `parked` ask for lasting units here: only they can be
+    /// unblocked by `base` moving.
+    lasting: usize,
+    /// On the worklist.
+    queued: bool,
 }
 
-impl Pool {
-    fn mark(&mut self, ticket: u64) {
+impl<W> Pool<W> {
+    /// Marks `ticket` granted (or retired); returns whether `base` moved.
+    #[inline]
+    fn mark(&mut self, ticket: u64) -> bool {
         debug_assert!(ticket >= self.base, "ticket {ticket} granted twice");
         if ticket == self.base && self.granted.is_empty() {
             self.base += 1; // granted in order: the common case
-            return;
+            return true;
         }
         let i = (ticket - self.base) as usize;
         if self.granted.len() <= i {
@@ -152,18 +192,44 @@ impl Pool {
         }
         debug_assert!(!self.granted[i], "ticket {ticket} granted twice");
         self.granted[i] = true;
+        let base = self.base;
         while self.granted.front() == Some(&true) {
             self.granted.pop_front();
             self.base += 1;
         }
+        self.base != base
     }
 }
 
+/// A parked request, with its place in arrival order.
+struct Parked<W> {
+    /// Its place in arrival order, shifted left by one; the low bit is set
+    /// when its demand on the pool it is parked at is lasting. (One word:
+    /// the hot paths move parked requests around.)
+    order: u64,
+    w: W,
+}
+
+impl<W> Parked<W> {
+    fn lasting(&self) -> usize {
+        (self.order & 1) as usize
+    }
+}
+
+/// Where a request does not fit: the pool of its first unmet demand, and
+/// whether that demand is lasting.
+type Unmet = (usize, bool);
+
 struct State<W> {
-    pools: Vec<Pool>,
-    /// Requests whose variables granted them but whose units are not free, in
-    /// arrival order.
-    waiting: VecDeque<W>,
+    pools: Vec<Pool<W>>,
+    /// The next parked request's place in arrival order, shifted left by
+    /// one (as [`Parked::order`]).
+    arrivals: u64,
+    /// Pools whose `base` moved, in the broker call under way, while a
+    /// lasting request is parked there: each at most once until its rescan
+    /// starts; empty whenever the lock is free. Rarely used, and it keeps
+    /// its allocation.
+    work: Vec<usize>,
 }
 
 /// The pools of one engine and the requests waiting for them.
@@ -174,9 +240,10 @@ pub struct Broker<W> {
 impl<W> std::fmt::Debug for Broker<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = self.state.lock();
+        let waiting: usize = state.pools.iter().map(|p| p.parked.len()).sum();
         f.debug_struct("Broker")
             .field("pools", &state.pools.len())
-            .field("waiting", &state.waiting.len())
+            .field("waiting", &waiting)
             .finish()
     }
 }
@@ -186,7 +253,8 @@ impl<W> Default for Broker<W> {
         Self {
             state: Mutex::new(State {
                 pools: Vec::new(),
-                waiting: VecDeque::new(),
+                arrivals: 0,
+                work: Vec::new(),
             }),
         }
     }
@@ -206,6 +274,9 @@ impl<W: Request> Broker<W> {
             free: capacity,
             base: 0,
             granted: VecDeque::new(),
+            parked: VecDeque::new(),
+            lasting: 0,
+            queued: false,
         });
         state.pools.len() - 1
     }
@@ -215,12 +286,19 @@ impl<W: Request> Broker<W> {
     pub fn request(&self, w: W) -> Granted<W> {
         let mut granted = Granted::default();
         let mut state = self.lock();
-        if state.fits(&w) {
-            state.take(&w);
-            granted.push(w);
-            state.grant_waiting(&mut granted);
-        } else {
-            state.waiting.push_back(w);
+        match state.unmet(&w) {
+            None => {
+                state.take(&w);
+                granted.push(w);
+                state.settle(&mut granted);
+            }
+            Some((pool, lasting)) => {
+                let order = state.arrivals | u64::from(lasting);
+                state.arrivals += 2;
+                let p = &mut state.pools[pool];
+                p.lasting += usize::from(lasting);
+                p.parked.push_back(Parked { order, w });
+            }
         }
         granted
     }
@@ -230,10 +308,14 @@ impl<W: Request> Broker<W> {
     pub fn retire(&self, demands: &[Demand]) -> Granted<W> {
         let mut granted = Granted::default();
         let mut state = self.lock();
+        let state = &mut *state;
         for d in demands {
-            state.pools[d.pool].mark(d.ticket());
+            let p = &mut state.pools[d.pool];
+            if p.mark(d.ticket()) && p.lasting != 0 {
+                queue(p, d.pool, &mut state.work);
+            }
         }
-        state.grant_waiting(&mut granted);
+        state.settle(&mut granted);
         granted
     }
 
@@ -241,12 +323,19 @@ impl<W: Request> Broker<W> {
     pub fn release(&self, returns: impl IntoIterator<Item = (usize, u64)>) -> Granted<W> {
         let mut granted = Granted::default();
         let mut state = self.lock();
+        let state = &mut *state;
         for (pool, amount) in returns {
             let p = &mut state.pools[pool];
             p.free += amount;
             debug_assert!(p.free <= p.capacity, "more units returned than taken");
+            // Rescanned at once: a request that fits this pool but waits
+            // for a pool returned to later moves there, and is looked at
+            // again when that pool is rescanned in turn.
+            if !p.parked.is_empty() {
+                state.rescan(pool, &mut granted);
+            }
         }
-        state.grant_waiting(&mut granted);
+        state.settle(&mut granted);
         granted
     }
 
@@ -271,52 +360,119 @@ impl<W: Request> Broker<W> {
     }
 
     /// Calls `f` on every parked request, oldest arrival first, under the
-    /// broker's lock (so `f` must not call back into the broker).
+    /// broker's lock (so `f` must not call back into the broker). Requests
+    /// parked at several pools are merged by sorting: diagnostics only.
     pub fn for_each_waiting(&self, mut f: impl FnMut(&W)) {
-        self.lock().waiting.iter().for_each(&mut f);
+        let state = self.lock();
+        let mut at = state.pools.iter().filter(|p| !p.parked.is_empty());
+        match (at.next(), at.next()) {
+            (None, _) => {}
+            (Some(one), None) => one.parked.iter().for_each(|p| f(&p.w)),
+            (Some(_), Some(_)) => {
+                let mut all: Vec<&Parked<W>> =
+                    state.pools.iter().flat_map(|p| p.parked.iter()).collect();
+                all.sort_unstable_by_key(|p| p.order);
+                all.into_iter().for_each(|p| f(&p.w));
+            }
+        }
+    }
+}
+
+/// Puts `p` (at index `pool`) on the worklist, unless it is there already.
+#[inline]
+fn queue<W>(p: &mut Pool<W>, pool: usize, work: &mut Vec<usize>) {
+    if !p.queued {
+        p.queued = true;
+        work.push(pool);
     }
 }
 
 impl<W: Request> State<W> {
-    fn fits(&self, w: &W) -> bool {
-        w.demands().iter().all(|d| {
+    /// The first demand of `w` not met now, if any.
+    #[inline]
+    fn unmet(&self, w: &W) -> Option<Unmet> {
+        w.demands().iter().find_map(|d| {
             let p = &self.pools[d.pool];
-            p.free >= d.amount && (!d.lasting || d.ticket() == p.base)
+            let met = p.free >= d.amount && (!d.lasting || d.ticket() == p.base);
+            (!met).then_some((d.pool, d.lasting))
         })
     }
 
+    /// Takes `w`'s units; a pool whose `base` moves while a lasting request
+    /// is parked there goes on the worklist.
+    #[inline(always)]
     fn take(&mut self, w: &W) {
         for d in w.demands() {
             let p = &mut self.pools[d.pool];
             p.free -= d.amount;
-            p.mark(d.ticket());
+            if p.mark(d.ticket()) && p.lasting != 0 {
+                queue(p, d.pool, &mut self.work);
+            }
         }
     }
 
-    /// Grants parked requests that fit, oldest first, until a pass grants
-    /// nothing (a grant can advance a pool's `base` and so unblock a lasting
-    /// request passed over earlier in the same pass).
-    fn grant_waiting(&mut self, granted: &mut Granted<W>) {
-        loop {
-            let mut progressed = false;
-            let mut i = 0;
-            while i < self.waiting.len() {
-                if self.pools.iter().all(|p| p.free == 0) {
-                    return; // every demand is for at least one unit
-                }
-                if self.fits(&self.waiting[i]) {
-                    let w = self.waiting.remove(i).expect("index in range");
-                    self.take(&w);
-                    granted.push(w);
-                    progressed = true;
-                } else {
-                    i += 1;
-                }
+    /// Rescans the pools on the worklist, and those their grants put there,
+    /// until none is left.
+    #[inline]
+    fn settle(&mut self, granted: &mut Granted<W>) {
+        if !self.work.is_empty() {
+            self.settle_work(granted);
+        }
+    }
+
+    #[inline(never)]
+    fn settle_work(&mut self, granted: &mut Granted<W>) {
+        while let Some(pool) = self.work.pop() {
+            self.pools[pool].queued = false;
+            self.rescan(pool, granted);
+        }
+    }
+
+    /// Looks at the requests parked at `pool`, oldest first, until its units
+    /// run out: grants those that fit, moves those that fit here but not at
+    /// another pool to that pool, keeps the others in their order.
+    fn rescan(&mut self, pool: usize, granted: &mut Granted<W>) {
+        let mut kept = 0;
+        for _ in 0..self.pools[pool].parked.len() {
+            let p = &mut self.pools[pool];
+            if p.free == 0 {
+                break; // every demand is for one unit at least
             }
-            if !progressed {
-                return;
+            let parked = p.parked.pop_front().expect("counted");
+            match self.unmet(&parked.w) {
+                Some((at, _)) if at == pool => {
+                    self.pools[pool].parked.push_back(parked);
+                    kept += 1;
+                }
+                unmet => {
+                    self.pools[pool].lasting -= parked.lasting();
+                    match unmet {
+                        None => {
+                            self.take(&parked.w);
+                            granted.push(parked.w);
+                        }
+                        Some(to) => self.park_moved(parked, to),
+                    }
+                }
             }
         }
+        // The kept ones went behind those not looked at: put them back
+        // in front, in their order.
+        let parked = &mut self.pools[pool].parked;
+        if kept != 0 && kept != parked.len() {
+            parked.rotate_right(kept);
+        }
+    }
+
+    /// Parks a request that fits the pool it was parked at but not `to`'s,
+    /// at its place in arrival order there.
+    #[cold]
+    fn park_moved(&mut self, mut parked: Parked<W>, (to, lasting): Unmet) {
+        let p = &mut self.pools[to];
+        parked.order = parked.order & !1 | u64::from(lasting);
+        p.lasting += usize::from(lasting);
+        let at = p.parked.partition_point(|q| q.order < parked.order);
+        p.parked.insert(at, parked);
     }
 }
 
@@ -379,6 +535,263 @@ mod tests {
         assert_eq!(b.pools()[p].free, 2, "nothing taken while waiting");
         assert_eq!(names(b.release([(q, 2)])), ["pq"]);
         assert_eq!((b.pools()[p].free, b.pools()[q].free), (1, 1));
+    }
+
+    /// A request that counts how often the broker looks at it.
+    struct Counted(Vec<Demand>, std::rc::Rc<std::cell::Cell<u64>>);
+    impl Request for Counted {
+        fn demands(&self) -> &[Demand] {
+            self.1.set(self.1.get() + 1);
+            &self.0
+        }
+    }
+
+    #[test]
+    fn requests_parked_at_one_pool_are_not_looked_at_for_another() {
+        let b = Broker::default();
+        let (busy, free) = (b.add_pool("busy", 1), b.add_pool("free", 1));
+        let looks = std::rc::Rc::new(std::cell::Cell::new(0));
+        let req = |pool, ticket| Counted(vec![d(pool, 1, false, ticket)], looks.clone());
+        assert_eq!(b.request(req(busy, 0)).len(), 1);
+        for ticket in 1..=1000 {
+            assert!(b.request(req(busy, ticket)).is_empty());
+        }
+        looks.set(0);
+        for ticket in 0..1000 {
+            assert_eq!(b.request(req(free, ticket)).len(), 1);
+            assert!(b.release([(free, 1)]).is_empty());
+        }
+        assert!(
+            looks.get() <= 2000,
+            "1000 grants on a free pool looked at requests {} times",
+            looks.get()
+        );
+        // The parked ones are all still there, and go one by one, each
+        // release looking at one request.
+        let mut waiting = 0;
+        b.for_each_waiting(|_| waiting += 1);
+        assert_eq!(waiting, 1000);
+        looks.set(0);
+        for _ in 0..1000 {
+            assert_eq!(b.release([(busy, 1)]).len(), 1);
+        }
+        assert!(b.release([(busy, 1)]).is_empty());
+        assert!(looks.get() <= 2000, "{} looks", looks.get());
+    }
+
+    #[test]
+    fn a_request_short_of_two_pools_moves_and_keeps_its_arrival_order() {
+        let b = Broker::default();
+        let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
+        assert_eq!(names(b.request(Req(vec![d(p, 1, false, 0)], "p"))), ["p"]);
+        assert_eq!(names(b.request(Req(vec![d(q, 1, false, 0)], "q"))), ["q"]);
+        // Short of both: parked at p (its first demand).
+        assert!(
+            b.request(Req(vec![d(p, 1, false, 1), d(q, 1, false, 1)], "pq"))
+                .is_empty()
+        );
+        // A younger request for q alone parks at q.
+        assert!(b.request(Req(vec![d(q, 1, false, 2)], "q'")).is_empty());
+        // p comes back: `pq` still waits, now at q, ahead of `q'`.
+        assert!(b.release([(p, 1)]).is_empty());
+        let mut order = Vec::new();
+        b.for_each_waiting(|r| order.push(r.1));
+        assert_eq!(order, ["pq", "q'"]);
+        assert_eq!(names(b.release([(q, 1)])), ["pq"]);
+        assert_eq!(names(b.release([(q, 1)])), ["q'"]);
+        assert_eq!((b.pools()[p].free, b.pools()[q].free), (0, 0));
+    }
+
+    #[test]
+    fn waiting_lists_every_pool_oldest_arrival_first() {
+        let b = Broker::default();
+        let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
+        assert_eq!(b.request(Req(vec![d(p, 1, false, 0)], "")).len(), 1);
+        assert_eq!(b.request(Req(vec![d(q, 1, false, 0)], "")).len(), 1);
+        for (i, (pool, name)) in [(q, "a"), (p, "b"), (q, "c"), (p, "d")]
+            .into_iter()
+            .enumerate()
+        {
+            assert!(
+                b.request(Req(vec![d(pool, 1, false, 1 + i as u64)], name))
+                    .is_empty()
+            );
+        }
+        let mut order = Vec::new();
+        b.for_each_waiting(|r| order.push(r.1));
+        assert_eq!(order, ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn a_grant_gives_a_lasting_request_passed_over_earlier_its_turn() {
+        let b = Broker::default();
+        let pool = b.add_pool("p", 2);
+        assert_eq!(
+            names(b.request(Req(vec![d(pool, 2, false, 0)], "t0"))),
+            ["t0"]
+        );
+        // `l` (ticket 2, lasting) parks before `t1` (ticket 1): a rescan
+        // looks at `l` first, then grants `t1`, which gives `l` its turn.
+        assert!(b.request(Req(vec![d(pool, 1, true, 2)], "l")).is_empty());
+        assert!(b.request(Req(vec![d(pool, 1, false, 1)], "t1")).is_empty());
+        assert_eq!(names(b.release([(pool, 2)])), ["t1", "l"]);
+        assert_eq!((b.pools()[pool].base, b.pools()[pool].free), (3, 0));
+    }
+
+    #[test]
+    fn a_request_moved_to_wait_for_its_turn_is_granted_by_a_retire() {
+        let b = Broker::default();
+        let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
+        assert_eq!(names(b.request(Req(vec![d(p, 1, false, 0)], "p"))), ["p"]);
+        // Short of p, and lasting on q behind ticket 0: parked at p.
+        assert!(
+            b.request(Req(vec![d(p, 1, false, 1), d(q, 1, true, 1)], "pq"))
+                .is_empty()
+        );
+        // p comes back: it moves to q, for its turn.
+        assert!(b.release([(p, 1)]).is_empty());
+        assert_eq!(names(b.retire(&[d(q, 1, false, 0)])), ["pq"]);
+        assert_eq!((b.pools()[p].free, b.pools()[q].free), (0, 0));
+    }
+
+    #[test]
+    fn one_release_to_both_pools_grants_a_request_parked_at_either() {
+        for order in [[0, 1], [1, 0]] {
+            let b = Broker::default();
+            let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
+            assert_eq!(b.request(Req(vec![d(p, 1, false, 0)], "")).len(), 1);
+            assert_eq!(b.request(Req(vec![d(q, 1, false, 0)], "")).len(), 1);
+            assert!(
+                b.request(Req(vec![d(p, 1, false, 1), d(q, 1, false, 1)], "pq"))
+                    .is_empty()
+            );
+            assert_eq!(names(b.release(order.map(|pool| (pool, 1)))), ["pq"]);
+        }
+    }
+
+    /// A granted request in the model below: its demands, and its id.
+    struct Op(Vec<Demand>, usize);
+    impl Request for Op {
+        fn demands(&self) -> &[Demand] {
+            &self.0
+        }
+    }
+
+    /// Random programs over three pools, their requests arriving in random
+    /// order (some retired), ops completing and buffers freed at random:
+    /// after every call no parked request fits, no pool goes over its
+    /// capacity, a lasting demand is granted only at its turn, and once
+    /// everything is given back every request was granted or retired.
+    #[test]
+    fn random_programs_never_leave_a_request_that_fits_parked() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut rand = move |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        const CAPS: [u64; 3] = [3, 2, 4];
+        for _ in 0..300 {
+            let b = Broker::default();
+            for c in CAPS {
+                b.add_pool("p", c);
+            }
+            let mut tickets = [0u64; 3];
+            let mut pending = Vec::new();
+            for id in 0..24 {
+                let mut demands = Vec::new();
+                for (pool, cap) in CAPS.into_iter().enumerate() {
+                    if rand(2) == 0 {
+                        let amount = 1 + rand(cap);
+                        demands.push(d(pool, amount, rand(4) == 0, tickets[pool]));
+                        tickets[pool] += 1;
+                    }
+                }
+                if !demands.is_empty() {
+                    pending.push(Op(demands, id));
+                }
+            }
+            let total = pending.len();
+            // Tickets granted or retired, per pool; ops running; units
+            // handed on to buffers.
+            let mut done: [Vec<u64>; 3] = Default::default();
+            let mut running: Vec<Op> = Vec::new();
+            let mut buffers: Vec<(usize, u64)> = Vec::new();
+            let mut finished = 0;
+            let check = |g: Granted<Op>,
+                         done: &mut [Vec<u64>; 3],
+                         running: &mut Vec<Op>,
+                         b: &Broker<Op>| {
+                g.for_each(|op| {
+                    for x in &op.0 {
+                        let older = done[x.pool].iter().filter(|&&t| t < x.ticket()).count();
+                        assert!(
+                            !x.lasting || older as u64 == x.ticket(),
+                            "lasting demand granted before its turn"
+                        );
+                        done[x.pool].push(x.ticket());
+                    }
+                    running.push(op);
+                });
+                let pools = b.pools();
+                b.for_each_waiting(|w| {
+                    let fits = w.0.iter().all(|x| {
+                        let p = &pools[x.pool];
+                        p.free >= x.amount && (!x.lasting || x.ticket() == p.base)
+                    });
+                    assert!(!fits, "request {} fits but is parked", w.1);
+                });
+            };
+            loop {
+                let step = rand(4);
+                if step == 0 && !pending.is_empty() {
+                    let op = pending.swap_remove(rand(pending.len() as u64) as usize);
+                    if rand(8) == 0 {
+                        finished += 1;
+                        for x in &op.0 {
+                            done[x.pool].push(x.ticket());
+                        }
+                        check(b.retire(&op.0), &mut done, &mut running, &b);
+                    } else {
+                        check(b.request(op), &mut done, &mut running, &b);
+                    }
+                } else if step == 1 && !running.is_empty() {
+                    let op = running.swap_remove(rand(running.len() as u64) as usize);
+                    finished += 1;
+                    let mut back = Vec::new();
+                    for x in &op.0 {
+                        if x.lasting {
+                            buffers.push((x.pool, x.amount));
+                        } else {
+                            back.push((x.pool, x.amount));
+                        }
+                    }
+                    check(b.release(back), &mut done, &mut running, &b);
+                } else if step == 2 && !buffers.is_empty() {
+                    let buffer = buffers.swap_remove(rand(buffers.len() as u64) as usize);
+                    check(b.release([buffer]), &mut done, &mut running, &b);
+                } else if pending.is_empty() && running.is_empty() && buffers.is_empty() {
+                    break;
+                }
+                let (pools, used) = (b.pools(), |pool: usize| {
+                    let ops: u64 = running
+                        .iter()
+                        .flat_map(|op| op.0.iter().filter(|x| x.pool == pool))
+                        .map(|x| x.amount)
+                        .sum();
+                    let bufs: u64 = buffers.iter().filter(|x| x.0 == pool).map(|x| x.1).sum();
+                    ops + bufs
+                });
+                for (pool, p) in pools.iter().enumerate() {
+                    assert_eq!(p.free + used(pool), p.capacity, "pool {pool} units");
+                }
+            }
+            assert_eq!(finished, total, "a request was never granted");
+            let mut waiting = 0;
+            b.for_each_waiting(|_| waiting += 1);
+            assert_eq!(waiting, 0);
+        }
     }
 
     #[test]
