@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
+use super::waits::{Cycle, Holder, MAX_CHAINS, WaitEdge};
 use crate::dep::OpBlock;
 use crate::error::VarId;
 
@@ -78,6 +79,13 @@ pub struct Diagnostics {
     pub(crate) resources: Vec<ResourceReport>,
     pub(crate) waiting_for_units: Vec<OpReport>,
     pub(crate) tracked: Option<Vec<OpReport>>,
+    /// How long since an op last started or ended (tracked engines).
+    pub(crate) quiet: Option<Duration>,
+    /// Who waits for whom among `tracked` (see `waits`).
+    pub(crate) waits: Vec<WaitEdge>,
+    pub(crate) cycles: Vec<Cycle>,
+    /// The edges of `waits` that are part of a cycle.
+    pub(crate) in_cycle: Vec<(usize, Holder)>,
 }
 
 impl Diagnostics {
@@ -100,6 +108,22 @@ impl Diagnostics {
     /// Every unfinished op, in push order, if the engine tracks its ops.
     pub fn ops(&self) -> Option<&[OpReport]> {
         self.tracked.as_deref()
+    }
+
+    /// How long it has been since an op of the engine last started or
+    /// ended (or since the engine started, if none has), when the report
+    /// was taken; known only if the engine tracks its ops.
+    pub fn quiet_for(&self) -> Option<Duration> {
+        self.quiet
+    }
+
+    /// The wait cycles found among the unfinished ops: ops each waiting for
+    /// the next and the last for the first, which none of them can leave on
+    /// its own, and devices whose every worker is stuck in a body while ops
+    /// queued for the device wait (see [`Cycle`]). Known only if the engine
+    /// tracks its ops.
+    pub fn cycles(&self) -> &[Cycle] {
+        &self.cycles
     }
 }
 
@@ -173,6 +197,17 @@ pub struct OpReport {
     pub(crate) mutates: Vec<VarId>,
     pub(crate) state: OpState,
     pub(crate) waited: Option<Duration>,
+    /// How long it has been in `state` (tracked ops).
+    pub(crate) in_state: Option<Duration>,
+    pub(crate) device_index: u16,
+    /// Its device's name (filled in by the engine).
+    pub(crate) device: String,
+    /// While awaiting: the ops whose handles its body awaits, by their
+    /// place in the report's ops, and named.
+    pub(crate) awaited: Vec<usize>,
+    pub(crate) awaits: Vec<String>,
+    /// The units it holds: (resource, amount).
+    pub(crate) holds: Vec<(String, u64)>,
 }
 
 impl OpReport {
@@ -195,6 +230,27 @@ impl OpReport {
     /// the engine tracks its ops).
     pub fn waited(&self) -> Option<Duration> {
         self.waited
+    }
+
+    /// How long it has been in its state, when the report was taken: since
+    /// its push for an op not started, since its body started (or last
+    /// resumed) for a running one, since it last suspended for an awaiting
+    /// one. Known only if the engine tracks its ops.
+    pub fn in_state_for(&self) -> Option<Duration> {
+        self.in_state
+    }
+
+    /// The name of the device it runs on.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// While its async body awaits: the ops of the same engine whose
+    /// [`OpHandle`](crate::OpHandle)s it found pending when it last
+    /// suspended, as the report labels them. Empty otherwise, and unless the
+    /// engine tracks its ops.
+    pub fn awaits(&self) -> &[String] {
+        &self.awaits
     }
 
     /// How the report names it: `` `name` ``, or `op #N` by its place in
@@ -226,6 +282,12 @@ impl OpReport {
             mutates,
             state: OpState::Queued,
             waited: None,
+            in_state: None,
+            device_index: op.device_index(),
+            device: String::new(),
+            awaited: Vec::new(),
+            awaits: Vec::new(),
+            holds: Vec::new(),
         }
     }
 
@@ -274,35 +336,54 @@ impl Diagnostics {
     }
 }
 
-/// For tracked ops waiting on variables (push order): per variable, the
-/// earlier unfinished ops it conflicts with there.
-pub(crate) fn blockers(ops: &mut [OpReport]) {
-    // Per variable, the ops seen so far: (label, mutates).
-    let mut seen: HashMap<VarId, Vec<(String, bool)>> = HashMap::new();
-    for op in ops.iter_mut() {
-        let label = op.label();
+/// For each op (push order) waiting on variables: per variable, the
+/// earlier ops (their places in `ops`) it conflicts with there, which it
+/// waits for. Empty for the other ops.
+pub(crate) fn conflicts(ops: &[OpReport]) -> Vec<Vec<(VarId, Vec<usize>)>> {
+    // Per variable, the ops seen so far: (place, mutates).
+    let mut seen: HashMap<VarId, Vec<(usize, bool)>> = HashMap::new();
+    let mut found = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
         let touches: Vec<(VarId, bool)> = op
             .mutates
             .iter()
             .map(|&v| (v, true))
             .chain(op.reads.iter().map(|&v| (v, false)))
             .collect();
-        if let OpState::Variables(waits) = &mut op.state {
+        let mut waits = Vec::new();
+        if let OpState::Variables(_) = op.state {
             for &(var, write) in &touches {
-                let before: Vec<String> = seen
+                let before: Vec<usize> = seen
                     .get(&var)
                     .into_iter()
                     .flatten()
                     .filter(|(_, w)| *w || write)
-                    .map(|(l, _)| l.clone())
+                    .map(|&(place, _)| place)
                     .collect();
                 if !before.is_empty() {
                     waits.push((var, before));
                 }
             }
         }
+        found.push(waits);
         for (var, write) in touches {
-            seen.entry(var).or_default().push((label.clone(), write));
+            seen.entry(var).or_default().push((i, write));
+        }
+    }
+    found
+}
+
+/// For tracked ops waiting on variables (push order): per variable, the
+/// earlier unfinished ops it conflicts with there.
+pub(crate) fn blockers(ops: &mut [OpReport]) {
+    let labels: Vec<String> = ops.iter().map(OpReport::label).collect();
+    let found = conflicts(ops);
+    for (op, waits) in ops.iter_mut().zip(found) {
+        if let OpState::Variables(vars) = &mut op.state {
+            *vars = waits
+                .into_iter()
+                .map(|(var, before)| (var, before.into_iter().map(|i| labels[i].clone()).collect()))
+                .collect();
         }
     }
 }
@@ -310,6 +391,11 @@ pub(crate) fn blockers(ops: &mut [OpReport]) {
 impl fmt::Display for Diagnostics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{} op(s) in flight", self.in_flight)?;
+        if let Some(quiet) = self.quiet
+            && self.in_flight > 0
+        {
+            writeln!(f, "no op has started or ended for {quiet:.1?}")?;
+        }
         for r in &self.resources {
             writeln!(
                 f,
@@ -337,7 +423,14 @@ impl fmt::Display for Diagnostics {
             match &op.state {
                 OpState::Queued => write!(f, "is queued: ready, waiting for a worker")?,
                 OpState::Running => write!(f, "is running")?,
-                OpState::Awaiting => write!(f, "is awaiting inside its body")?,
+                OpState::Awaiting if op.awaits.is_empty() => {
+                    write!(f, "is awaiting inside its body")?;
+                }
+                OpState::Awaiting => write!(
+                    f,
+                    "is awaiting inside its body, for the result of {}",
+                    op.awaits.join(", ")
+                )?,
                 OpState::Units(units) => {
                     let units: Vec<String> = units
                         .iter()
@@ -360,6 +453,19 @@ impl fmt::Display for Diagnostics {
                 Some(waited) => writeln!(f, "; pushed {waited:.1?} ago")?,
                 None => writeln!(f)?,
             }
+        }
+        let chains = self.chains();
+        if !chains.is_empty() {
+            writeln!(f, "what waits for what:")?;
+        }
+        for chain in chains.iter().take(MAX_CHAINS) {
+            writeln!(f, "  {chain}")?;
+        }
+        if chains.len() > MAX_CHAINS {
+            writeln!(f, "  ... and {} more", chains.len() - MAX_CHAINS)?;
+        }
+        for cycle in &self.cycles {
+            writeln!(f, "{cycle}")?;
         }
         for (holder, resource, units, parked) in self.units_awaited_on() {
             writeln!(

@@ -1,16 +1,20 @@
 //! The [`Observer`]: everything that watches an engine's ops through the
 //! lifecycle hooks (the registry behind diagnostics, the trace recorder),
-//! behind one pointer, so that an engine that observes nothing pays one
+//! and the hang watchdog that reads the registry, behind one pointer, so that an engine that observes nothing pays one
 //! predictable branch per hook.
 
 use super::record::{Recorder, What, address};
 use super::track::Tracker;
+use super::watchdog::Watchdog;
 use crate::dep::OpBlock;
 
 /// What an engine observes of its ops; at least one part is present.
 pub(crate) struct Observer {
     pub(crate) tracker: Option<Tracker>,
     pub(crate) recorder: Option<Recorder>,
+    /// The hang watchdog (its progress count is the tracker's, which it
+    /// needs: the builder makes one with it).
+    pub(crate) watchdog: Option<Watchdog>,
 }
 
 /// `by` as an event holds it.
@@ -20,8 +24,19 @@ fn by_address(by: Option<&OpBlock>) -> usize {
 
 impl Observer {
     /// The observer of these parts, or none if there is nothing to observe.
-    pub(crate) fn new(tracker: Option<Tracker>, recorder: Option<Recorder>) -> Option<Box<Self>> {
-        (tracker.is_some() || recorder.is_some()).then(|| Box::new(Self { tracker, recorder }))
+    pub(crate) fn new(
+        tracker: Option<Tracker>,
+        recorder: Option<Recorder>,
+        watchdog: Option<Watchdog>,
+    ) -> Option<Box<Self>> {
+        debug_assert!(watchdog.is_none() || tracker.is_some(), "a watchdog reads the tracker");
+        (tracker.is_some() || recorder.is_some()).then(|| {
+            Box::new(Self {
+                tracker,
+                recorder,
+                watchdog,
+            })
+        })
     }
 
     /// The recorder, if it records now.
