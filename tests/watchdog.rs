@@ -23,7 +23,8 @@ const REPORTED_WITHIN: Duration = Duration::from_secs(10);
 
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// An engine with a watchdog whose reports come out of the receiver.
@@ -123,6 +124,12 @@ fn a_body_blocked_on_an_op_queued_behind_it_is_named() {
     let (a, b) = (engine.new_var(), engine.new_var());
     let (tx, rx) = mpsc::channel::<()>();
     let rx = Mutex::new(rx);
+    // Unblocks the consumer however the test ends (a failed assertion must
+    // not leave the engine's drop waiting for it).
+    let release = OnDrop(Some({
+        let tx = tx.clone();
+        move || drop(tx.send(()))
+    }));
     let pushed = Instant::now();
     engine
         .op()
@@ -169,9 +176,20 @@ fn a_body_blocked_on_an_op_queued_behind_it_is_named() {
         assert!(text.contains(line), "no `{line}` in:\n{text}");
     }
 
-    tx.send(()).unwrap();
+    drop(release);
     let e = engine.clone();
     within(10, move || e.wait_all().wait()).unwrap();
+}
+
+/// Runs its closure when dropped.
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
 }
 
 /// Ops that each take a while, one after another, over several periods:
@@ -269,8 +287,15 @@ fn the_dot_graph_has_the_ops_the_variable_and_the_cycle() {
     };
     let (outer, inner, parked_node) = (node("`outer`"), node("`inner`"), node("`parked`"));
     let cache_id = cache.id().to_string();
-    let cache_node = format!("var{}", cache_id.rsplit('#').next().unwrap().trim_end_matches(')'));
-    let edges: Vec<&str> = lines.iter().copied().filter(|l| l.contains(" -> ")).collect();
+    let cache_node = format!(
+        "var{}",
+        cache_id.rsplit('#').next().unwrap().trim_end_matches(')')
+    );
+    let edges: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains(" -> "))
+        .collect();
     let edge = |from: &str, to: &str| -> &str {
         let found: Vec<&&str> = edges
             .iter()
@@ -281,14 +306,25 @@ fn the_dot_graph_has_the_ops_the_variable_and_the_cycle() {
     };
     let red = "color=red";
     let result = edge(&outer, &inner);
-    assert!(result.contains("[label=\"result\"") && result.contains(red), "{dot}");
+    assert!(
+        result.contains("[label=\"result\"") && result.contains(red),
+        "{dot}"
+    );
     let var = edge(&inner, &outer);
-    assert!(var.contains("[label=\"`x` (var#") && var.contains(red), "{dot}");
+    assert!(
+        var.contains("[label=\"`x` (var#") && var.contains(red),
+        "{dot}"
+    );
     let units = edge(&parked_node, &cache_node);
-    assert!(units.contains("[label=\"units of `memory`\"") && !units.contains(red), "{dot}");
+    assert!(
+        units.contains("[label=\"units of `memory`\"") && !units.contains(red),
+        "{dot}"
+    );
     assert_eq!(edges.len(), 3, "{dot}");
     assert!(
-        lines.iter().any(|l| l.trim().starts_with(&format!("{cache_node} [shape=ellipse, label=\"`cache` (var#"))),
+        lines.iter().any(|l| l.trim().starts_with(&format!(
+            "{cache_node} [shape=ellipse, label=\"`cache` (var#"
+        ))),
         "{dot}"
     );
 
@@ -314,9 +350,13 @@ fn watchdog_threads() -> usize {
 /// Waits (boundedly) for the count of watchdog threads to be `n`: a new
 /// thread names itself once it runs.
 fn expect_watchdog_threads(n: usize, why: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while watchdog_threads() != n {
-        assert!(Instant::now() < deadline, "{why}: {} watchdog threads, not {n}", watchdog_threads());
+        assert!(
+            Instant::now() < deadline,
+            "{why}: {} watchdog threads, not {n}",
+            watchdog_threads()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -326,20 +366,39 @@ fn expect_watchdog_threads(n: usize, why: &str) {
 fn the_watchdog_thread_ends_with_its_engine() {
     let _serial = serial();
     let before = watchdog_threads();
-    let (engine, hangs) = watched(1);
+    // A long period: the thread sleeps 15 s between looks, so it is gone
+    // within the bound below only if the engine's shutdown wakes and joins
+    // it.
+    let engine = Engine::builder()
+        .threads(1)
+        .watchdog(Duration::from_secs(60))
+        .build()
+        .unwrap();
     expect_watchdog_threads(before + 1, "a watchdog has a thread");
-    let plain = Engine::builder().threads(1).track_ops(true).build().unwrap();
+    let plain = Engine::builder()
+        .threads(1)
+        .track_ops(true)
+        .build()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(watchdog_threads(), before + 1, "only a watchdog has a thread");
+    assert_eq!(
+        watchdog_threads(),
+        before + 1,
+        "only a watchdog has a thread"
+    );
     drop(plain);
+    within(10, move || drop(engine));
+    // (A joined thread may linger in /proc for a moment.)
+    expect_watchdog_threads(before, "the watchdog thread outlived its engine");
 
     // After reporting a hang too.
+    let (engine, hangs) = watched(1);
+    expect_watchdog_threads(before + 1, "a watchdog has a thread");
     let x = engine.var_named("x", ());
     let give_up = async_deadlock(&engine, &x);
     hangs.recv_timeout(REPORTED_WITHIN).expect("reported");
     give_up.send(()).unwrap();
     within(10, move || drop(engine));
-    // The drop joined it (a joined thread may linger in /proc a moment).
     expect_watchdog_threads(before, "the watchdog thread outlived its engine");
 }
 
@@ -351,6 +410,9 @@ fn the_builder_refuses_a_watchdog_it_cannot_run() {
     let no_period = Engine::builder().on_hang(|_| {}).build();
     assert!(matches!(no_period, Err(Error::Config(m)) if m.contains("on_hang needs a watchdog")));
     // A watchdog turns op tracking on.
-    let engine = Engine::builder().watchdog(Duration::from_secs(60)).build().unwrap();
+    let engine = Engine::builder()
+        .watchdog(Duration::from_secs(60))
+        .build()
+        .unwrap();
     assert!(engine.diagnostics().ops().is_some());
 }

@@ -56,7 +56,10 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
     let quiet = tracker.map(|t| t.progress().1);
     let mut tracked = tracker.map(|t| t.report(&parked, &mut resources));
     let name = |i: u16| shared.devices[usize::from(i)].name.clone();
-    for op in waiting_for_units.iter_mut().chain(tracked.iter_mut().flatten()) {
+    for op in waiting_for_units
+        .iter_mut()
+        .chain(tracked.iter_mut().flatten())
+    {
         op.device = name(op.device_index);
     }
     let mut report = Diagnostics {
@@ -125,7 +128,13 @@ fn watch(weak: &Weak<Shared>) {
             let now = Instant::now();
             let elapsed = now.saturating_duration_since(last);
             last = now;
-            if stall.look(shared.pending.in_flight(), progress, quiet, elapsed, dog.period()) {
+            if stall.look(
+                shared.pending.in_flight(),
+                progress,
+                quiet,
+                elapsed,
+                dog.period(),
+            ) {
                 dog.report(&report(&shared));
             }
             dog.tick()
@@ -133,4 +142,3 @@ fn watch(weak: &Weak<Shared>) {
         std::thread::park_timeout(tick);
     }
 }
-

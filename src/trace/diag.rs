@@ -338,9 +338,12 @@ impl Diagnostics {
 
 /// For each op (push order) waiting on variables: per variable, the
 /// earlier ops (their places in `ops`) it conflicts with there, which it
-/// waits for. Empty for the other ops.
-pub(crate) fn conflicts(ops: &[OpReport]) -> Vec<Vec<(VarId, Vec<usize>)>> {
-    // Per variable, the ops seen so far: (place, mutates).
+/// waits for: all of them, or with `nearest` only those right before it
+/// (the reads since the last write for a write, else that write), through
+/// which it waits for the others. Empty for the other ops.
+pub(crate) fn conflicts(ops: &[OpReport], nearest: bool) -> Vec<Vec<(VarId, Vec<usize>)>> {
+    /// Per variable, the ops seen so far: (place, mutates); with `nearest`
+    /// only the last write and the reads since.
     let mut seen: HashMap<VarId, Vec<(usize, bool)>> = HashMap::new();
     let mut found = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
@@ -353,13 +356,16 @@ pub(crate) fn conflicts(ops: &[OpReport]) -> Vec<Vec<(VarId, Vec<usize>)>> {
         let mut waits = Vec::new();
         if let OpState::Variables(_) = op.state {
             for &(var, write) in &touches {
-                let before: Vec<usize> = seen
-                    .get(&var)
-                    .into_iter()
-                    .flatten()
+                let earlier = seen.get(&var).map_or(&[][..], Vec::as_slice);
+                let mut before: Vec<usize> = earlier
+                    .iter()
                     .filter(|(_, w)| *w || write)
                     .map(|&(place, _)| place)
                     .collect();
+                if nearest && write && before.len() > 1 && earlier[0].1 {
+                    // The last write comes first, the reads since after it.
+                    before.remove(0);
+                }
                 if !before.is_empty() {
                     waits.push((var, before));
                 }
@@ -367,7 +373,11 @@ pub(crate) fn conflicts(ops: &[OpReport]) -> Vec<Vec<(VarId, Vec<usize>)>> {
         }
         found.push(waits);
         for (var, write) in touches {
-            seen.entry(var).or_default().push((i, write));
+            let earlier = seen.entry(var).or_default();
+            if nearest && write {
+                earlier.clear();
+            }
+            earlier.push((i, write));
         }
     }
     found
@@ -377,7 +387,7 @@ pub(crate) fn conflicts(ops: &[OpReport]) -> Vec<Vec<(VarId, Vec<usize>)>> {
 /// earlier unfinished ops it conflicts with there.
 pub(crate) fn blockers(ops: &mut [OpReport]) {
     let labels: Vec<String> = ops.iter().map(OpReport::label).collect();
-    let found = conflicts(ops);
+    let found = conflicts(ops, false);
     for (op, waits) in ops.iter_mut().zip(found) {
         if let OpState::Variables(vars) = &mut op.state {
             *vars = waits

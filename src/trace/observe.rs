@@ -29,7 +29,10 @@ impl Observer {
         recorder: Option<Recorder>,
         watchdog: Option<Watchdog>,
     ) -> Option<Box<Self>> {
-        debug_assert!(watchdog.is_none() || tracker.is_some(), "a watchdog reads the tracker");
+        debug_assert!(
+            watchdog.is_none() || tracker.is_some(),
+            "a watchdog reads the tracker"
+        );
         (tracker.is_some() || recorder.is_some()).then(|| {
             Box::new(Self {
                 tracker,

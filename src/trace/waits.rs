@@ -165,12 +165,18 @@ pub(crate) struct WaitEdge {
 /// devices by index (name, and how many ops each can run at once where
 /// known); a device whose workers have all run the same bodies for
 /// `stuck_after` is named as stuck.
-pub(crate) fn analyse(d: &mut Diagnostics, devices: &[(String, Option<usize>)], stuck_after: Duration) {
+pub(crate) fn analyse(
+    d: &mut Diagnostics,
+    devices: &[(String, Option<usize>)],
+    stuck_after: Duration,
+) {
     let Some(ops) = &d.tracked else {
         return;
     };
     let mut edges = Vec::new();
-    for (from, waits) in conflicts(ops).into_iter().enumerate() {
+    // Only the nearest conflicts: a long queue on one variable is a chain,
+    // not a quadratic number of edges.
+    for (from, waits) in conflicts(ops, true).into_iter().enumerate() {
         for (var, before) in waits {
             edges.extend(before.into_iter().map(|to| WaitEdge {
                 from,
@@ -180,10 +186,11 @@ pub(crate) fn analyse(d: &mut Diagnostics, devices: &[(String, Option<usize>)], 
             }));
         }
     }
+    let holders = units_holders(d);
     for (from, op) in ops.iter().enumerate() {
         if let OpState::Units(needs) = &op.state {
             for (resource, amount) in needs {
-                units_edges(d, from, resource, *amount, &mut edges);
+                units_edges(d, &holders, from, resource, *amount, &mut edges);
             }
         }
         edges.extend(op.awaited.iter().map(|&to| WaitEdge {
@@ -238,31 +245,59 @@ pub(crate) fn analyse(d: &mut Diagnostics, devices: &[(String, Option<usize>)], 
             });
         }
     }
+    // By op, each op's edges in the order above (`edges_from` relies on it).
+    edges.sort_by_key(|e| e.from);
     d.waits = edges;
     d.cycles = cycles;
     d.in_cycle = in_cycle;
 }
 
+/// Per resource (by its place in the report), who holds its units: ops
+/// (by place) and variables, with how many.
+fn units_holders(d: &Diagnostics) -> Vec<Vec<(Holder, u64)>> {
+    let mut holders: Vec<Vec<(Holder, u64)>> = d
+        .resources
+        .iter()
+        .map(|r| {
+            r.held_by_vars
+                .iter()
+                .map(|&(var, held)| (Holder::Var(var), held))
+                .collect()
+        })
+        .collect();
+    for (i, op) in d.tracked.iter().flatten().enumerate() {
+        for (resource, held) in &op.holds {
+            if let Some(r) = d.resources.iter().position(|r| &r.name == resource) {
+                holders[r].push((Holder::Op(i), *held));
+            }
+        }
+    }
+    holders
+}
+
 /// The edges from the op at `from`, which needs `amount` of `resource`: to
 /// every holder of its units, binding where the op cannot get enough
 /// without that holder's.
-fn units_edges(d: &Diagnostics, from: usize, resource: &str, amount: u64, edges: &mut Vec<WaitEdge>) {
-    let (Some(ops), Some(r)) = (&d.tracked, d.resources.iter().find(|r| r.name == resource)) else {
+fn units_edges(
+    d: &Diagnostics,
+    holders: &[Vec<(Holder, u64)>],
+    from: usize,
+    resource: &str,
+    amount: u64,
+    edges: &mut Vec<WaitEdge>,
+) {
+    let Some(r) = d.resources.iter().position(|r| r.name == resource) else {
         return;
     };
-    if amount <= r.free {
+    let free = d.resources[r].free;
+    if amount <= free {
         return;
     }
-    let mut holders: Vec<(Holder, u64)> = Vec::new();
-    for (i, op) in ops.iter().enumerate() {
-        let held: u64 = op.holds.iter().filter(|(n, _)| n == resource).map(|(_, a)| a).sum();
-        if held > 0 && i != from {
-            holders.push((Holder::Op(i), held));
+    let total: u64 = free + holders[r].iter().map(|(_, held)| held).sum::<u64>();
+    for &(to, held) in &holders[r] {
+        if to == Holder::Op(from) {
+            continue;
         }
-    }
-    holders.extend(r.held_by_vars.iter().map(|&(var, held)| (Holder::Var(var), held)));
-    let total: u64 = r.free + holders.iter().map(|(_, held)| held).sum::<u64>();
-    for (to, held) in holders {
         edges.push(WaitEdge {
             from,
             to,
@@ -302,7 +337,9 @@ fn op_cycles(ops: &[OpReport], edges: &[WaitEdge]) -> Vec<(Cycle, Vec<usize>)> {
                 }
             }
         }
-        let Some((mut at, needs)) = last else { continue };
+        let Some((mut at, needs)) = last else {
+            continue;
+        };
         // Walk back from the op before `start`, collecting the steps.
         let mut steps = vec![(at, needs.clone())];
         while at != start {
@@ -400,10 +437,12 @@ pub(crate) const MAX_CHAINS: usize = 32;
 const MAX_STEPS: usize = 12;
 
 impl Diagnostics {
-    /// The edges from the op at `from`.
+    /// The edges from the op at `from` (`waits` is sorted by it).
     fn edges_from(&self, from: usize) -> impl Iterator<Item = &WaitEdge> {
-        // Edges are grouped by kind, not by op: a scan is fine for a report.
-        self.waits.iter().filter(move |e| e.from == from)
+        let start = self.waits.partition_point(|e| e.from < from);
+        self.waits[start..]
+            .iter()
+            .take_while(move |e| e.from == from)
     }
 
     /// The label of a holder.
@@ -640,5 +679,192 @@ pub(crate) fn state_words(op: &OpReport) -> String {
 
 /// `text` inside a DOT string.
 fn escape(text: &str) -> String {
-    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    text.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::ResourceReport;
+
+    fn op(number: u64, state: OpState) -> OpReport {
+        OpReport {
+            name: Some(format!("o{number}")),
+            number: Some(number),
+            reads: Vec::new(),
+            mutates: Vec::new(),
+            state,
+            waited: None,
+            in_state: Some(Duration::from_secs(5)),
+            device_index: 0,
+            device: "cpu".into(),
+            awaited: Vec::new(),
+            awaits: Vec::new(),
+            holds: Vec::new(),
+        }
+    }
+
+    fn report(ops: Vec<OpReport>, resources: Vec<ResourceReport>) -> Diagnostics {
+        Diagnostics {
+            in_flight: ops.len(),
+            resources,
+            waiting_for_units: Vec::new(),
+            tracked: Some(ops),
+            quiet: None,
+            waits: Vec::new(),
+            cycles: Vec::new(),
+            in_cycle: Vec::new(),
+        }
+    }
+
+    fn memory(free: u64, held_by_vars: Vec<(VarId, u64)>) -> ResourceReport {
+        ResourceReport {
+            name: "memory".into(),
+            capacity: 4,
+            free,
+            held_by_ops: Vec::new(),
+            held_by_vars,
+        }
+    }
+
+    /// `o0` awaits `o1`'s result while holding 2 units; `o1` needs 2.
+    fn units_cycle(free: u64, held_by_vars: Vec<(VarId, u64)>) -> Diagnostics {
+        let mut holder = op(0, OpState::Awaiting);
+        holder.holds = vec![("memory".into(), 2)];
+        holder.awaited = vec![1];
+        let parked = op(1, OpState::Units(vec![("memory".into(), 2)]));
+        let mut d = report(vec![holder, parked], vec![memory(free, held_by_vars)]);
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        d
+    }
+
+    #[test]
+    fn units_bind_only_where_the_holder_is_needed() {
+        // Nothing else could free enough: a cycle.
+        let d = units_cycle(1, Vec::new());
+        assert_eq!(
+            d.cycles,
+            [Cycle::Ops(vec![
+                ("`o0`".into(), Needs::Result),
+                ("`o1`".into(), Needs::Units("memory".into())),
+            ])]
+        );
+        assert!(
+            d.to_string()
+                .contains("`o1` waits for units of `memory` held by `o0`")
+        );
+        // Two units besides the holder's: `o1` can get them once the
+        // variable's go, without `o0`'s: no cycle, but the edges are drawn.
+        let d = units_cycle(0, vec![(VarId(9), 2)]);
+        assert!(d.cycles.is_empty(), "{d}");
+        assert!(
+            d.to_dot()
+                .contains("op1 -> op0 [label=\"units of `memory`\", style=dashed]")
+        );
+        assert!(
+            d.to_dot()
+                .contains("op1 -> var9 [label=\"units of `memory`\", style=dashed]")
+        );
+    }
+
+    #[test]
+    fn a_long_chain_of_waits_is_no_cycle_and_no_stack_overflow() {
+        let n = 100_000;
+        let ops: Vec<OpReport> = (0..n)
+            .map(|i| {
+                let mut o = op(i as u64, OpState::Awaiting);
+                if i + 1 < n {
+                    o.awaited = vec![i + 1];
+                }
+                o
+            })
+            .collect();
+        let mut d = report(ops, Vec::new());
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        assert!(d.cycles.is_empty());
+        // Closing it makes one cycle through all of them.
+        d.tracked.as_mut().unwrap()[n - 1].awaited = vec![0];
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        assert_eq!(d.cycles.len(), 1);
+        assert_eq!(d.cycles[0].ops().len(), n);
+        assert_eq!(d.cycles[0].ops()[0], "`o0`");
+        assert_eq!(d.chains()[0].matches(" -> ").count(), MAX_STEPS, "capped");
+    }
+
+    #[test]
+    fn a_queue_on_one_variable_is_a_chain_of_nearest_waits() {
+        let x = VarId(1);
+        let access = |i: u64, write: bool| {
+            let mut o = op(i, OpState::Variables(Vec::new()));
+            if write {
+                o.mutates = vec![x]
+            } else {
+                o.reads = vec![x]
+            }
+            o
+        };
+        // Reads first, then a write, reads, a write, a read.
+        let ops: Vec<OpReport> = [false, false, true, false, false, true, false]
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| access(i as u64, w))
+            .collect();
+        let waits = |nearest| -> Vec<Vec<usize>> {
+            conflicts(&ops, nearest)
+                .into_iter()
+                .map(|w| w.into_iter().flat_map(|(_, before)| before).collect())
+                .collect()
+        };
+        let nearest: Vec<Vec<usize>> = vec![
+            vec![],
+            vec![],
+            vec![0, 1],
+            vec![2],
+            vec![2],
+            vec![3, 4],
+            vec![5],
+        ];
+        assert_eq!(waits(true), nearest);
+        assert_eq!(waits(false)[5], [0, 1, 2, 3, 4]);
+        assert_eq!(waits(false)[6], [2, 5]);
+    }
+
+    #[test]
+    fn two_separate_cycles_are_two_and_the_shortest_way_round() {
+        // o0 <-> o1, and o2 -> o3 -> o4 -> o2 with a shortcut o2 -> o4.
+        let mut ops: Vec<OpReport> = (0..5).map(|i| op(i, OpState::Awaiting)).collect();
+        ops[0].awaited = vec![1];
+        ops[1].awaited = vec![0];
+        ops[2].awaited = vec![3, 4];
+        ops[3].awaited = vec![4];
+        ops[4].awaited = vec![2];
+        let mut d = report(ops, Vec::new());
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        let cycles: Vec<Vec<&str>> = d.cycles.iter().map(Cycle::ops).collect();
+        assert_eq!(cycles, [vec!["`o0`", "`o1`"], vec!["`o2`", "`o4`"]]);
+    }
+
+    #[test]
+    fn busy_workers_are_stuck_only_after_a_while() {
+        let running = op(0, OpState::Running);
+        let mut fresh = op(1, OpState::Running);
+        fresh.in_state = Some(Duration::from_millis(10));
+        let queued = op(2, OpState::Queued);
+        let devices = [("cpu".to_string(), Some(2))];
+        let mut d = report(vec![running.clone(), fresh, queued.clone()], Vec::new());
+        analyse(&mut d, &devices, STUCK_AFTER);
+        assert!(d.cycles.is_empty(), "one body just started: not stuck");
+        assert_eq!(d.waits.len(), 2, "but the queued op waits for both");
+        // A free worker: nothing waits for one.
+        let mut d = report(vec![running.clone(), queued.clone()], Vec::new());
+        analyse(&mut d, &devices, STUCK_AFTER);
+        assert!(d.waits.is_empty() && d.cycles.is_empty());
+        // Both workers stuck.
+        let mut d = report(vec![running.clone(), running, queued], Vec::new());
+        d.tracked.as_mut().unwrap()[1].number = Some(1);
+        analyse(&mut d, &devices, STUCK_AFTER);
+        assert!(matches!(&d.cycles[..], [Cycle::Workers { queued, .. }] if queued == &["`o2`"]));
+    }
 }
