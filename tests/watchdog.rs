@@ -128,7 +128,9 @@ fn a_body_blocked_on_an_op_queued_behind_it_is_named() {
     // not leave the engine's drop waiting for it).
     let release = OnDrop(Some({
         let tx = tx.clone();
-        move || drop(tx.send(()))
+        move || {
+            let _ = tx.send(());
+        }
     }));
     let pushed = Instant::now();
     engine

@@ -4,11 +4,14 @@
 //! Every other unfinished op (waiting for its variables, queued, running,
 //! awaiting inside its body), how long ago each was pushed, and who holds a
 //! resource's units are known only if the engine tracks its ops
-//! ([`EngineBuilder::track_ops`](crate::EngineBuilder::track_ops)): finding
-//! them otherwise would mean walking every variable's lock-free chain while
-//! workers free ops, and tracking costs a lock per push, per start and per
-//! completion (and per allocation), which a production engine should not pay
-//! by default.
+//! ([`EngineBuilder::track_ops`](crate::EngineBuilder::track_ops), or a
+//! [watchdog](crate::EngineBuilder::watchdog)): finding them otherwise would
+//! mean walking every variable's lock-free chain while workers free ops, and
+//! tracking costs a lock per push, per start and per completion (and per
+//! allocation), which a production engine should not pay by default.
+//!
+//! Who waits for whom among the tracked ops, the chains the report prints,
+//! its cycles and its Graphviz form are `waits`'; the registry is `track`'s.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,6 +27,7 @@ use crate::error::VarId;
 ///
 /// ```text
 /// 6 op(s) in flight
+/// no op has started or ended for 3.9s
 /// resource `memory`: 1 of 4 free
 ///   1 held by op `compute`
 ///   2 held by variable `cache` (var#0)
@@ -43,6 +47,26 @@ use crate::error::VarId;
 /// ```text
 /// possible deadlock: `fetch` awaits inside its body holding 1 of `memory`, which `needs memory` waits for: ...
 /// ```
+///
+/// With tracking, it follows every wait to its end, as a chain: the
+/// variable, the op holding it, what that one waits for, resources and who
+/// holds their units, down to an op that runs (or awaits something the
+/// engine does not know). It names the [cycles](Diagnostics::cycles) it
+/// finds, of ops that cannot go on because each waits for the next (an
+/// async op awaiting the handle of an op that needs a variable or units
+/// the first one holds), and devices whose every worker is stuck in a body
+/// while ops queue for them:
+///
+/// ```text
+/// what waits for what:
+///   `after it` waits for `activations` (var#1) (after `needs memory`) -> `needs memory` waits for 2 of `memory` (1 of 4 free), held by `compute`, variable `cache` (var#0) -> `compute` is running (for 7.3s)
+///   `outer` waits for the result of `inner` -> `inner` waits for `x` (var#2), held by `outer` -> back to `outer`: a cycle
+/// deadlock: `outer` waits for the result of `inner`; `inner` waits for `x` (var#2), held by `outer`: none of them can go on (...)
+/// ```
+///
+/// [`to_dot`](Diagnostics::to_dot) draws the same as a Graphviz graph.
+/// The engine's [watchdog](crate::EngineBuilder::watchdog) takes this
+/// report by itself when the engine stalls.
 ///
 /// (Variables print by name if they have one, see
 /// [`Engine::var_named`](crate::Engine::var_named); unnamed ops as `op #N`,
@@ -70,6 +94,45 @@ use crate::error::VarId;
 /// assert_eq!(report.resources()[0].held_by_vars(), [(held.id(), 2)]);
 /// assert!(report.ops().unwrap()[0].waited().is_some());
 /// engine.delete_var(&held, drop)?.wait()?; // frees the units: both ops run
+/// engine.wait_all().wait()?;
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// A cycle, on demand: `outer` awaits the handle of `inner`, which needs
+/// the variable `outer` holds.
+///
+/// ```
+/// use depflow::{BoxError, Cycle, Engine, Error, Needs};
+/// use futures::FutureExt;
+///
+/// let engine = Engine::builder().track_ops(true).build()?;
+/// let x = engine.var_named("x", ());
+/// let (give_up, given_up) = futures::channel::oneshot::channel::<()>();
+/// let (e, x2) = (engine.clone(), x.clone());
+/// engine.op().name("outer").mutates(&[&x]).run_async(move |_| async move {
+///     let inner = e.op().name("inner").reads(&[&x2]).run(|_| Ok(()))?;
+///     futures::select! {
+///         done = inner.fuse() => done?, // never: `inner` waits for `outer`
+///         _ = given_up.fuse() => {}
+///     }
+///     Ok::<_, BoxError>(())
+/// })?;
+/// let report = loop {
+///     let report = engine.diagnostics();
+///     if !report.cycles().is_empty() {
+///         break report;
+///     }
+///     std::thread::yield_now();
+/// };
+/// assert_eq!(
+///     report.cycles(),
+///     [Cycle::Ops(vec![
+///         ("`outer`".into(), Needs::Result),
+///         ("`inner`".into(), Needs::Variable(x.id())),
+///     ])]
+/// );
+/// assert!(report.to_string().contains("deadlock: `outer` waits for the result of `inner`"));
+/// give_up.send(()).unwrap();
 /// engine.wait_all().wait()?;
 /// # Ok::<(), Error>(())
 /// ```
@@ -342,8 +405,8 @@ impl Diagnostics {
 /// (the reads since the last write for a write, else that write), through
 /// which it waits for the others. Empty for the other ops.
 pub(crate) fn conflicts(ops: &[OpReport], nearest: bool) -> Vec<Vec<(VarId, Vec<usize>)>> {
-    /// Per variable, the ops seen so far: (place, mutates); with `nearest`
-    /// only the last write and the reads since.
+    // Per variable, the ops seen so far: (place, mutates); with `nearest`
+    // only the last write and the reads since.
     let mut seen: HashMap<VarId, Vec<(usize, bool)>> = HashMap::new();
     let mut found = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {

@@ -182,7 +182,7 @@ mod tests {
         // ...until it has been pending for the period.
         assert!(s.look(1, 4, 10_100 * MS, 25 * MS, period));
         // Nothing in flight forgets the report.
-        assert!(!s.look(0, 5, 0 * MS, 25 * MS, period));
+        assert!(!s.look(0, 5, Duration::ZERO, 25 * MS, period));
         assert!(!s.look(1, 5, 50 * MS, 50 * MS, period));
         assert!(s.look(1, 5, 150 * MS, 100 * MS, period));
     }
