@@ -663,7 +663,7 @@ impl Diagnostics {
 }
 
 /// An op's state in a few words, as the report's lines say it.
-pub(crate) fn state_words(op: &OpReport) -> String {
+fn state_words(op: &OpReport) -> String {
     let since = op
         .in_state
         .map(|d| format!(" (for {d:.1?})"))
