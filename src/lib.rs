@@ -129,7 +129,8 @@ pub use crate::error::{BoxError, Error, OpFailure, VarId};
 pub use crate::resource::Resource;
 pub use crate::stream::{Lane, Stream};
 pub use crate::trace::{
-    Diagnostics, OpReport, OpState, ResourceReport, ResourceTrack, Slice, Trace, TracedOp, Track,
+    Cycle, Diagnostics, Needs, OpReport, OpState, ResourceReport, ResourceTrack, Slice, Trace,
+    TracedOp, Track,
 };
 
 pub mod typed {

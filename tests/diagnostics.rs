@@ -6,7 +6,7 @@ mod common;
 use std::sync::mpsc;
 
 use common::within;
-use depflow::{BoxError, Engine, OpState};
+use depflow::{BoxError, Cycle, Engine, Needs, OpState};
 
 /// Ten ops parked behind a gate, on an engine with no bound on ops in flight.
 #[test]
@@ -249,4 +249,121 @@ fn an_untracked_report_says_what_it_leaves_out() {
             .to_string()
             .contains("only with EngineBuilder::track_ops")
     );
+}
+
+/// Polls the engine's report until `ready` says it shows what the test
+/// waits for (the workers get there on their own time).
+fn report_when(
+    engine: &Engine,
+    ready: impl Fn(&depflow::Diagnostics) -> bool + Send + 'static,
+) -> depflow::Diagnostics {
+    let e = engine.clone();
+    within(10, move || {
+        loop {
+            let report = e.diagnostics();
+            if ready(&report) {
+                return report;
+            }
+            std::thread::yield_now();
+        }
+    })
+}
+
+/// An async op holding units awaits the handle of an op that needs them:
+/// the report (on demand, no watchdog) names the cycle.
+#[test]
+fn an_op_awaiting_an_op_that_needs_its_units_is_a_named_cycle() {
+    let engine = Engine::builder()
+        .threads(2)
+        .track_ops(true)
+        .build()
+        .unwrap();
+    let memory = engine.new_resource("memory", 1);
+    let (a, b) = (engine.new_var(), engine.new_var());
+    let (give_up, given_up) = futures::channel::oneshot::channel::<()>();
+    let (e, m, b2) = (engine.clone(), memory.clone(), b.clone());
+    engine
+        .op()
+        .name("holder")
+        .mutates(&[&a])
+        .uses(&memory, 1)
+        .run_async(move |_| async move {
+            use futures::FutureExt;
+            let needy = e
+                .op()
+                .name("needy")
+                .mutates(&[&b2])
+                .uses(&m, 1)
+                .run(|_| Ok(()))?;
+            drop(e);
+            futures::select! {
+                done = needy.fuse() => done?,
+                _ = given_up.fuse() => {}
+            }
+            Ok::<_, BoxError>(())
+        })
+        .unwrap();
+    let report = report_when(&engine, |r| !r.cycles().is_empty());
+    let text = report.to_string();
+    assert_eq!(
+        report.cycles(),
+        [Cycle::Ops(vec![
+            ("`holder`".into(), Needs::Result),
+            ("`needy`".into(), Needs::Units("memory".into())),
+        ])],
+        "{text}"
+    );
+    for line in [
+        "`holder` is awaiting inside its body, for the result of `needy`",
+        "deadlock: `holder` waits for the result of `needy`; `needy` waits for units of `memory` held by `holder`",
+        // The older hint about the same situation still comes.
+        "possible deadlock: `holder` awaits inside its body holding 1 of `memory`",
+    ] {
+        assert!(text.contains(line), "no `{line}` in:\n{text}");
+    }
+    give_up.send(()).unwrap();
+    let e = engine.clone();
+    within(10, move || e.wait_all().wait()).unwrap();
+    assert!(engine.diagnostics().cycles().is_empty());
+}
+
+/// Ops queued on one variable behind a running op: each waiting op's chain
+/// goes through the ops ahead of it to the one that holds the variable.
+#[test]
+fn a_report_chains_each_wait_to_the_op_holding_the_variable() {
+    let engine = Engine::builder()
+        .threads(2)
+        .track_ops(true)
+        .build()
+        .unwrap();
+    let x = engine.var_named("x", ());
+    let (open, gate) = mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    engine
+        .op()
+        .name("gate")
+        .mutates(&[&x])
+        .run(move |_| -> Result<(), BoxError> { Ok(gate.lock().unwrap().recv()?) })
+        .unwrap();
+    let ok = |_: &depflow::OpCtx| Ok::<_, BoxError>(());
+    engine.op().name("write").mutates(&[&x]).run(ok).unwrap();
+    engine.op().name("read").reads(&[&x]).run(ok).unwrap();
+    let report = report_when(&engine, |r| {
+        r.ops().unwrap()[0].state() == &OpState::Running
+    });
+    let text = report.to_string();
+    assert!(report.cycles().is_empty(), "{text}");
+    let chain = "  `read` waits for `x` (var#";
+    let rest = ") (after `write`) -> `write` waits for `x` (var#";
+    let end = "), held by `gate` -> `gate` is running (for ";
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(chain))
+        .unwrap_or_else(|| panic!("no chain for `read` in:\n{text}"));
+    assert!(line.contains(rest) && line.contains(end), "{text}");
+    // `write` is in that chain: it gets none of its own.
+    assert!(!text.contains("  `write` waits"), "{text}");
+    open.send(()).unwrap();
+    let e = engine.clone();
+    within(10, move || e.wait_all().wait()).unwrap();
 }

@@ -38,7 +38,7 @@ impl<T> PushedOp<T> {
     }
 
     #[inline]
-    fn op(&self) -> &OpBlock {
+    pub(crate) fn op(&self) -> &OpBlock {
         // SAFETY: the block lives in the task's header, which `self.task`
         // keeps alive while `self` is borrowed.
         unsafe { self.op.as_ref() }

@@ -1,13 +1,19 @@
 //! Configuring an engine: [`EngineBuilder`] checks the devices asked for,
 //! builds their executors and starts the engine.
 
+use std::fmt;
+use std::time::Duration;
+
 use super::Engine;
+use super::diagnostics::start_watchdog;
 use super::executor::{Executor, ExecutorKind};
 use super::shared::{DeviceSlot, Shared};
 use super::trace_window::Tracing;
 use crate::dep::new_host_id;
 use crate::error::Error;
-use crate::trace::{DEFAULT_EVENTS_PER_THREAD, Observer, Recorder, Tracker};
+use crate::trace::{
+    DEFAULT_EVENTS_PER_THREAD, Diagnostics, Observer, OnHang, Recorder, Tracker, Watchdog,
+};
 
 /// The name of the default device.
 ///
@@ -70,6 +76,17 @@ pub struct EngineBuilder {
     trace_buffer: usize,
     #[cfg(feature = "tracing")]
     tracing_spans: bool,
+    watchdog: Option<Duration>,
+    on_hang: Option<HangCallback>,
+}
+
+/// The watchdog's callback, as the builder keeps it.
+struct HangCallback(OnHang);
+
+impl fmt::Debug for HangCallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("on_hang(..)")
+    }
 }
 
 impl EngineBuilder {
@@ -141,10 +158,13 @@ impl EngineBuilder {
 
     /// Keeps a registry of unfinished ops, so that
     /// [`Engine::diagnostics`] can list every unfinished op (waiting for its
-    /// variables, queued, running or awaiting inside its body) with how long
-    /// ago it was pushed, and who holds each resource's units (default: off;
-    /// it costs a clock read and a lock per push, a lock per start and per
-    /// completion, and one per suspension of an async body and per
+    /// variables, queued, running or awaiting inside its body, and whose
+    /// handles an awaiting body awaits) with how long ago it was pushed and
+    /// how long it has been in its state, who holds each resource's units,
+    /// who waits for whom and the [cycles](crate::Diagnostics::cycles)
+    /// (default: off, unless a [watchdog](Self::watchdog) turns it on; it
+    /// costs a clock read and a lock per push, per start, per completion
+    /// and per suspension and resumption of an async body, and a lock per
     /// allocation of units).
     pub fn track_ops(mut self, on: bool) -> Self {
         self.track_ops = on;
@@ -218,6 +238,87 @@ impl EngineBuilder {
         self
     }
 
+    /// Watches for hangs: when ops are pending but none has started or
+    /// ended for `period`, the engine reports what every unfinished op
+    /// waits for, as [`Engine::diagnostics`] tells it (each waiting op's
+    /// chain: the variable, the op holding it, what that one waits for,
+    /// resources and who holds them; and the [cycles](Diagnostics::cycles)
+    /// it finds, naming their ops). By default the report goes to stderr;
+    /// [`on_hang`](Self::on_hang) takes it instead. It reports once per
+    /// stall: again only after an op started or ended and the engine stalled
+    /// anew. Default: no watchdog.
+    ///
+    /// It turns [op tracking](Self::track_ops) on (it reads the registry of
+    /// unfinished ops, and its count of ops started and ended), and runs a
+    /// thread of its own, `depflow-watch`, which looks every quarter period
+    /// (so a hang is reported within about 1.25 periods) and sleeps in
+    /// between; the engine's shutdown stops it, and it never keeps the
+    /// engine alive.
+    ///
+    /// Choose a period longer than the longest op body you expect: an op
+    /// that runs longer, with nothing else starting or ending meanwhile,
+    /// looks like a hang. (An async body that awaits does not count as
+    /// progress either; only starts and ends do.)
+    ///
+    /// [`build`](Self::build) refuses a zero period.
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use std::time::Duration;
+    /// use depflow::{Cycle, Engine, Error};
+    ///
+    /// let (reports, hangs) = mpsc::channel();
+    /// let reports = std::sync::Mutex::new(reports);
+    /// let engine = Engine::builder()
+    ///     .threads(1)
+    ///     .watchdog(Duration::from_millis(100))
+    ///     .on_hang(move |report| {
+    ///         let _ = reports.lock().unwrap().send(report.clone());
+    ///     })
+    ///     .build()?;
+    /// // A body blocked on a channel whose sender is an op queued behind it
+    /// // on the one worker: neither can go on.
+    /// let (tx, rx) = mpsc::channel::<()>();
+    /// let (a, b) = (engine.new_var(), engine.new_var());
+    /// let rx = std::sync::Mutex::new(rx);
+    /// engine.op().name("consumer").mutates(&[&a]).run(move |_| Ok(rx.lock().unwrap().recv()?))?;
+    /// let sender = tx.clone();
+    /// engine.op().name("producer").mutates(&[&b]).run(move |_| {
+    ///     let _ = sender.send(()); // (the consumer may be gone by then)
+    ///     Ok(())
+    /// })?;
+    ///
+    /// let report = hangs.recv_timeout(Duration::from_secs(30)).expect("reported");
+    /// assert!(matches!(
+    ///     &report.cycles()[0],
+    ///     Cycle::Workers { running, queued, .. }
+    ///         if running == &["`consumer`"] && queued == &["`producer`"]
+    /// ));
+    /// println!("{report}"); // as the default would print on stderr
+    /// tx.send(()).unwrap(); // unblocks the consumer: both run
+    /// engine.wait_all().wait()?;
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn watchdog(mut self, period: Duration) -> Self {
+        self.watchdog = Some(period);
+        self
+    }
+
+    /// What the [watchdog](Self::watchdog) calls with the report of a hang,
+    /// on its own thread, instead of printing it to stderr (a log, a
+    /// metric, a dump of `report.to_dot()`). A panic in it is caught and
+    /// noted on stderr; the watchdog goes on. A second call replaces the
+    /// first.
+    ///
+    /// It needs a watchdog: [`build`](Self::build) refuses an `on_hang`
+    /// without one. It must not keep a clone of the [`Engine`]: that would
+    /// keep the engine alive for as long as its watchdog lives, which is as
+    /// long as the engine.
+    pub fn on_hang(mut self, f: impl Fn(&Diagnostics) + Send + Sync + 'static) -> Self {
+        self.on_hang = Some(HangCallback(Box::new(f)));
+        self
+    }
+
     /// Starts the engine.
     ///
     /// # Errors
@@ -226,11 +327,24 @@ impl EngineBuilder {
     /// a device name with a NUL byte, more than 65536 devices, threads that
     /// could not be spawned, a
     /// [thread start hook](Executor::on_thread_start) that panicked or was
-    /// given to an executor without threads of its own, or a bad
+    /// given to an executor without threads of its own, a zero
+    /// [watchdog](Self::watchdog) period or an [`on_hang`](Self::on_hang)
+    /// without a watchdog, or a bad
     /// [`DEPFLOW_*` variable](EngineBuilder#environment).
     pub fn build(self) -> Result<Engine, Error> {
         if let Some(e) = self.env_error {
             return Err(Error::Config(e));
+        }
+        match (self.watchdog, &self.on_hang) {
+            (Some(Duration::ZERO), _) => {
+                return Err(Error::Config("the watchdog period must not be zero".into()));
+            }
+            (None, Some(_)) => {
+                return Err(Error::Config(
+                    "on_hang needs a watchdog: set its period with EngineBuilder::watchdog".into(),
+                ));
+            }
+            _ => {}
         }
         let mut specs = vec![(DEFAULT_DEVICE.to_string(), self.default)];
         specs.extend(self.devices);
@@ -272,13 +386,28 @@ impl EngineBuilder {
         // another engine's are refused.
         let recorder = (self.tracing != Tracing::Off)
             .then(|| Recorder::new(self.tracing == Tracing::On, self.trace_buffer));
+        // How many ops each device runs at once, where the report can tell
+        // (a stream device's launcher is free while its ops' device work
+        // runs, so its running ops do not count its workers).
+        let workers = specs
+            .iter()
+            .map(|(_, e)| match e.kind {
+                ExecutorKind::Pool(threads) => Some(threads),
+                _ => None,
+            })
+            .collect();
+        let tracker = (self.track_ops || self.watchdog.is_some()).then(|| Tracker::new(workers));
+        let watchdog = self
+            .watchdog
+            .map(|period| Watchdog::new(period, self.on_hang.map(|f| f.0)));
         let observer = Observer {
-            tracker: self.track_ops.then(Tracker::default),
+            tracker,
             recorder,
             #[cfg(feature = "tracing")]
             spans: self.tracing_spans.then(|| {
                 crate::trace::Spans::new(devices.iter().map(|d| d.name.clone()).collect())
             }),
+            watchdog,
         }
         .boxed();
         let shared = Shared::new(
@@ -287,14 +416,16 @@ impl EngineBuilder {
             self.max_in_flight,
             observer,
         );
-        Ok(Engine::start(shared))
+        let engine = Engine::start(shared);
+        start_watchdog(engine.shared())?;
+        Ok(engine)
     }
 }
 
 impl Default for EngineBuilder {
     /// The default device is a pool with one thread per available core (or
     /// as the [environment](EngineBuilder#environment) says); no other
-    /// device, no bound on ops in flight, no op tracking.
+    /// device, no bound on ops in flight, no op tracking, no watchdog.
     fn default() -> Self {
         let (default, env_error) = match executor_from_env() {
             Ok(executor) => (executor, None),
@@ -310,6 +441,8 @@ impl Default for EngineBuilder {
             trace_buffer: DEFAULT_EVENTS_PER_THREAD,
             #[cfg(feature = "tracing")]
             tracing_spans: false,
+            watchdog: None,
+            on_hang: None,
         }
     }
 }

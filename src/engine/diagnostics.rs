@@ -1,11 +1,17 @@
 //! Assembling an engine's [`Diagnostics`]: its resources, the ops its broker
-//! parked for units, and (if it tracks its ops) every unfinished one and who
-//! holds units.
+//! parked for units, and (if it tracks its ops) every unfinished one, who
+//! holds units, who waits for whom and the cycles; and the watchdog thread,
+//! which takes that report when the engine stalls.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use super::shared::Shared;
-use crate::trace::{Diagnostics, OpReport, OpState, ResourceReport};
+use crate::error::Error;
+use crate::trace::{
+    Diagnostics, OpReport, OpState, ResourceReport, STUCK_AFTER, Stall, Watchdog, analyse,
+};
 
 /// Ops pushed and not finished: what `Engine::in_flight` and
 /// `Diagnostics::in_flight` both say.
@@ -46,11 +52,93 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
             held_by_vars: Vec::new(),
         })
         .collect();
-    let tracked = shared.tracker().map(|t| t.report(&parked, &mut resources));
-    Diagnostics {
+    let tracker = shared.tracker();
+    let quiet = tracker.map(|t| t.progress().1);
+    let mut tracked = tracker.map(|t| t.report(&parked, &mut resources));
+    let name = |i: u16| shared.devices[usize::from(i)].name.clone();
+    for op in waiting_for_units
+        .iter_mut()
+        .chain(tracked.iter_mut().flatten())
+    {
+        op.device = name(op.device_index);
+    }
+    let mut report = Diagnostics {
         in_flight: in_flight(shared),
         resources,
         waiting_for_units,
         tracked,
+        quiet,
+        waits: Vec::new(),
+        cycles: Vec::new(),
+        in_cycle: Vec::new(),
+    };
+    if let Some(tracker) = tracker {
+        let devices: Vec<(String, Option<usize>)> = shared
+            .devices
+            .iter()
+            .zip(tracker.workers())
+            .map(|(d, &workers)| (d.name.clone(), workers))
+            .collect();
+        // A watchdog shorter than the default judges stuck workers sooner.
+        let stuck_after = watchdog(shared).map_or(STUCK_AFTER, |w| w.period().min(STUCK_AFTER));
+        analyse(&mut report, &devices, stuck_after);
+    }
+    report
+}
+
+/// The engine's watchdog, if it has one.
+pub(super) fn watchdog(shared: &Shared) -> Option<&Watchdog> {
+    shared.observer.as_ref()?.watchdog.as_ref()
+}
+
+/// Starts the watchdog thread of `shared`, if it has a watchdog. The thread
+/// holds the engine weakly and ends when the engine's shutdown stops it (or
+/// the engine is gone).
+pub(super) fn start_watchdog(shared: &Arc<Shared>) -> Result<(), Error> {
+    let Some(dog) = watchdog(shared) else {
+        return Ok(());
+    };
+    let weak = Arc::downgrade(shared);
+    let thread = std::thread::Builder::new()
+        .name("depflow-watch".into())
+        .spawn(move || watch(&weak))
+        .map_err(|e| Error::Config(format!("cannot start the watchdog thread: {e}")))?;
+    dog.set_thread(thread);
+    Ok(())
+}
+
+/// The watchdog thread: a look every tick, a report once per stall.
+fn watch(weak: &Weak<Shared>) {
+    let mut stall = Stall::new();
+    let mut last = Instant::now();
+    loop {
+        let tick = {
+            // Only for the look: the engine is never kept alive by this
+            // thread between looks.
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            let (Some(dog), Some(tracker)) = (watchdog(&shared), shared.tracker()) else {
+                return;
+            };
+            if dog.is_stopped() {
+                return;
+            }
+            let (progress, quiet) = tracker.progress();
+            let now = Instant::now();
+            let elapsed = now.saturating_duration_since(last);
+            last = now;
+            if stall.look(
+                shared.pending.in_flight(),
+                progress,
+                quiet,
+                elapsed,
+                dog.period(),
+            ) {
+                dog.report(&report(&shared));
+            }
+            dog.tick()
+        };
+        std::thread::park_timeout(tick);
     }
 }

@@ -20,6 +20,7 @@ use crate::core::generations::Signal;
 use crate::dep::{OpTask, PushedOp, in_op, reclaim};
 use crate::error::{Error, FailureKind, OpFailure};
 use crate::exec::in_tokio_runtime;
+use crate::trace::note_awaited;
 
 /// Why the calling thread must not block on work that is not done: it runs
 /// an op (its body, or device work: a stream device's host function, stream
@@ -274,7 +275,16 @@ impl<T> Future for OpHandle<T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let out = match &mut self.state {
             HandleState::Pushed(op) => match op.poll_result(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    // Inside an op's body, that op now waits for this one:
+                    // the engine's diagnostics can see a cycle through
+                    // them. (Not for the one poll a refused blocking wait
+                    // makes, with a waker that wakes nothing.)
+                    if !cx.waker().will_wake(Waker::noop()) {
+                        note_awaited(op.op());
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(out) => out.unwrap_or_else(|| {
                     // The task closed without output: its future was dropped
                     // before finishing, which released its grants with a

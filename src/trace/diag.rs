@@ -4,16 +4,20 @@
 //! Every other unfinished op (waiting for its variables, queued, running,
 //! awaiting inside its body), how long ago each was pushed, and who holds a
 //! resource's units are known only if the engine tracks its ops
-//! ([`EngineBuilder::track_ops`](crate::EngineBuilder::track_ops)): finding
-//! them otherwise would mean walking every variable's lock-free chain while
-//! workers free ops, and tracking costs a lock per push, per start and per
-//! completion (and per allocation), which a production engine should not pay
-//! by default.
+//! ([`EngineBuilder::track_ops`](crate::EngineBuilder::track_ops), or a
+//! [watchdog](crate::EngineBuilder::watchdog)): finding them otherwise would
+//! mean walking every variable's lock-free chain while workers free ops, and
+//! tracking costs a lock per push, per start and per completion (and per
+//! allocation), which a production engine should not pay by default.
+//!
+//! Who waits for whom among the tracked ops, the chains the report prints,
+//! its cycles and its Graphviz form are `waits`'; the registry is `track`'s.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
+use super::waits::{Cycle, Holder, MAX_CHAINS, WaitEdge};
 use crate::dep::OpBlock;
 use crate::error::VarId;
 
@@ -23,6 +27,7 @@ use crate::error::VarId;
 ///
 /// ```text
 /// 6 op(s) in flight
+/// no op has started or ended for 3.9s
 /// resource `memory`: 1 of 4 free
 ///   1 held by op `compute`
 ///   2 held by variable `cache` (var#0)
@@ -42,6 +47,26 @@ use crate::error::VarId;
 /// ```text
 /// possible deadlock: `fetch` awaits inside its body holding 1 of `memory`, which `needs memory` waits for: ...
 /// ```
+///
+/// With tracking, it follows every wait to its end, as a chain: the
+/// variable, the op holding it, what that one waits for, resources and who
+/// holds their units, down to an op that runs (or awaits something the
+/// engine does not know). It names the [cycles](Diagnostics::cycles) it
+/// finds, of ops that cannot go on because each waits for the next (an
+/// async op awaiting the handle of an op that needs a variable or units
+/// the first one holds), and devices whose every worker is stuck in a body
+/// while ops queue for them:
+///
+/// ```text
+/// what waits for what:
+///   `after it` waits for `activations` (var#1) (after `needs memory`) -> `needs memory` waits for 2 of `memory` (1 of 4 free), held by `compute`, variable `cache` (var#0) -> `compute` is running (for 7.3s)
+///   `outer` waits for the result of `inner` -> `inner` waits for `x` (var#2), held by `outer` -> back to `outer`: a cycle
+/// deadlock: `outer` waits for the result of `inner`; `inner` waits for `x` (var#2), held by `outer`: none of them can go on (...)
+/// ```
+///
+/// [`to_dot`](Diagnostics::to_dot) draws the same as a Graphviz graph.
+/// The engine's [watchdog](crate::EngineBuilder::watchdog) takes this
+/// report by itself when the engine stalls.
 ///
 /// (Variables print by name if they have one, see
 /// [`Engine::var_named`](crate::Engine::var_named); unnamed ops as `op #N`,
@@ -72,12 +97,58 @@ use crate::error::VarId;
 /// engine.wait_all().wait()?;
 /// # Ok::<(), Error>(())
 /// ```
+///
+/// A cycle, on demand: `outer` awaits the handle of `inner`, which needs
+/// the variable `outer` holds.
+///
+/// ```
+/// use depflow::{BoxError, Cycle, Engine, Error, Needs};
+/// use futures::FutureExt;
+///
+/// let engine = Engine::builder().track_ops(true).build()?;
+/// let x = engine.var_named("x", ());
+/// let (give_up, given_up) = futures::channel::oneshot::channel::<()>();
+/// let (e, x2) = (engine.clone(), x.clone());
+/// engine.op().name("outer").mutates(&[&x]).run_async(move |_| async move {
+///     let inner = e.op().name("inner").reads(&[&x2]).run(|_| Ok(()))?;
+///     futures::select! {
+///         done = inner.fuse() => done?, // never: `inner` waits for `outer`
+///         _ = given_up.fuse() => {}
+///     }
+///     Ok::<_, BoxError>(())
+/// })?;
+/// let report = loop {
+///     let report = engine.diagnostics();
+///     if !report.cycles().is_empty() {
+///         break report;
+///     }
+///     std::thread::yield_now();
+/// };
+/// assert_eq!(
+///     report.cycles(),
+///     [Cycle::Ops(vec![
+///         ("`outer`".into(), Needs::Result),
+///         ("`inner`".into(), Needs::Variable(x.id())),
+///     ])]
+/// );
+/// assert!(report.to_string().contains("deadlock: `outer` waits for the result of `inner`"));
+/// give_up.send(()).unwrap();
+/// engine.wait_all().wait()?;
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Diagnostics {
     pub(crate) in_flight: usize,
     pub(crate) resources: Vec<ResourceReport>,
     pub(crate) waiting_for_units: Vec<OpReport>,
     pub(crate) tracked: Option<Vec<OpReport>>,
+    /// How long since an op last started or ended (tracked engines).
+    pub(crate) quiet: Option<Duration>,
+    /// Who waits for whom among `tracked` (see `waits`).
+    pub(crate) waits: Vec<WaitEdge>,
+    pub(crate) cycles: Vec<Cycle>,
+    /// The edges of `waits` that are part of a cycle.
+    pub(crate) in_cycle: Vec<(usize, Holder)>,
 }
 
 impl Diagnostics {
@@ -100,6 +171,22 @@ impl Diagnostics {
     /// Every unfinished op, in push order, if the engine tracks its ops.
     pub fn ops(&self) -> Option<&[OpReport]> {
         self.tracked.as_deref()
+    }
+
+    /// How long it has been since an op of the engine last started or
+    /// ended (or since the engine started, if none has), when the report
+    /// was taken; known only if the engine tracks its ops.
+    pub fn quiet_for(&self) -> Option<Duration> {
+        self.quiet
+    }
+
+    /// The wait cycles found among the unfinished ops: ops each waiting for
+    /// the next and the last for the first, which none of them can leave on
+    /// its own, and devices whose every worker is stuck in a body while ops
+    /// queued for the device wait (see [`Cycle`]). Known only if the engine
+    /// tracks its ops.
+    pub fn cycles(&self) -> &[Cycle] {
+        &self.cycles
     }
 }
 
@@ -173,6 +260,17 @@ pub struct OpReport {
     pub(crate) mutates: Vec<VarId>,
     pub(crate) state: OpState,
     pub(crate) waited: Option<Duration>,
+    /// How long it has been in `state` (tracked ops).
+    pub(crate) in_state: Option<Duration>,
+    pub(crate) device_index: u16,
+    /// Its device's name (filled in by the engine).
+    pub(crate) device: String,
+    /// While awaiting: the ops whose handles its body awaits, by their
+    /// place in the report's ops, and named.
+    pub(crate) awaited: Vec<usize>,
+    pub(crate) awaits: Vec<String>,
+    /// The units it holds: (resource, amount).
+    pub(crate) holds: Vec<(String, u64)>,
 }
 
 impl OpReport {
@@ -195,6 +293,27 @@ impl OpReport {
     /// the engine tracks its ops).
     pub fn waited(&self) -> Option<Duration> {
         self.waited
+    }
+
+    /// How long it has been in its state, when the report was taken: since
+    /// its push for an op not started, since its body started (or last
+    /// resumed) for a running one, since it last suspended for an awaiting
+    /// one. Known only if the engine tracks its ops.
+    pub fn in_state_for(&self) -> Option<Duration> {
+        self.in_state
+    }
+
+    /// The name of the device it runs on.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// While its async body awaits: the ops of the same engine whose
+    /// [`OpHandle`](crate::OpHandle)s it found pending when it last
+    /// suspended, as the report labels them. Empty otherwise, and unless the
+    /// engine tracks its ops.
+    pub fn awaits(&self) -> &[String] {
+        &self.awaits
     }
 
     /// How the report names it: `` `name` ``, or `op #N` by its place in
@@ -226,6 +345,12 @@ impl OpReport {
             mutates,
             state: OpState::Queued,
             waited: None,
+            in_state: None,
+            device_index: op.device_index(),
+            device: String::new(),
+            awaited: Vec::new(),
+            awaits: Vec::new(),
+            holds: Vec::new(),
         }
     }
 
@@ -274,35 +399,64 @@ impl Diagnostics {
     }
 }
 
-/// For tracked ops waiting on variables (push order): per variable, the
-/// earlier unfinished ops it conflicts with there.
-pub(crate) fn blockers(ops: &mut [OpReport]) {
-    // Per variable, the ops seen so far: (label, mutates).
-    let mut seen: HashMap<VarId, Vec<(String, bool)>> = HashMap::new();
-    for op in ops.iter_mut() {
-        let label = op.label();
+/// For each op (push order) waiting on variables: per variable, the
+/// earlier ops (their places in `ops`) it conflicts with there, which it
+/// waits for: all of them, or with `nearest` only those right before it
+/// (the reads since the last write for a write, else that write), through
+/// which it waits for the others. Empty for the other ops.
+pub(crate) fn conflicts(ops: &[OpReport], nearest: bool) -> Vec<Vec<(VarId, Vec<usize>)>> {
+    // Per variable, the ops seen so far: (place, mutates); with `nearest`
+    // only the last write and the reads since.
+    let mut seen: HashMap<VarId, Vec<(usize, bool)>> = HashMap::new();
+    let mut found = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
         let touches: Vec<(VarId, bool)> = op
             .mutates
             .iter()
             .map(|&v| (v, true))
             .chain(op.reads.iter().map(|&v| (v, false)))
             .collect();
-        if let OpState::Variables(waits) = &mut op.state {
+        let mut waits = Vec::new();
+        if let OpState::Variables(_) = op.state {
             for &(var, write) in &touches {
-                let before: Vec<String> = seen
-                    .get(&var)
-                    .into_iter()
-                    .flatten()
+                let earlier = seen.get(&var).map_or(&[][..], Vec::as_slice);
+                let mut before: Vec<usize> = earlier
+                    .iter()
                     .filter(|(_, w)| *w || write)
-                    .map(|(l, _)| l.clone())
+                    .map(|&(place, _)| place)
                     .collect();
+                if nearest && write && before.len() > 1 && earlier[0].1 {
+                    // The last write comes first, the reads since after it.
+                    before.remove(0);
+                }
                 if !before.is_empty() {
                     waits.push((var, before));
                 }
             }
         }
+        found.push(waits);
         for (var, write) in touches {
-            seen.entry(var).or_default().push((label.clone(), write));
+            let earlier = seen.entry(var).or_default();
+            if nearest && write {
+                earlier.clear();
+            }
+            earlier.push((i, write));
+        }
+    }
+    found
+}
+
+/// For tracked ops waiting on variables (push order): per variable, the
+/// earlier unfinished ops it conflicts with there.
+pub(crate) fn blockers(ops: &mut [OpReport]) {
+    let labels: Vec<String> = ops.iter().map(OpReport::label).collect();
+    let found = conflicts(ops, false);
+    for (op, waits) in ops.iter_mut().zip(found) {
+        if let OpState::Variables(vars) = &mut op.state {
+            *vars = waits
+                .into_iter()
+                .map(|(var, before)| (var, before.into_iter().map(|i| labels[i].clone()).collect()))
+                .collect();
         }
     }
 }
@@ -310,6 +464,11 @@ pub(crate) fn blockers(ops: &mut [OpReport]) {
 impl fmt::Display for Diagnostics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{} op(s) in flight", self.in_flight)?;
+        if let Some(quiet) = self.quiet
+            && self.in_flight > 0
+        {
+            writeln!(f, "no op has started or ended for {quiet:.1?}")?;
+        }
         for r in &self.resources {
             writeln!(
                 f,
@@ -337,7 +496,14 @@ impl fmt::Display for Diagnostics {
             match &op.state {
                 OpState::Queued => write!(f, "is queued: ready, waiting for a worker")?,
                 OpState::Running => write!(f, "is running")?,
-                OpState::Awaiting => write!(f, "is awaiting inside its body")?,
+                OpState::Awaiting if op.awaits.is_empty() => {
+                    write!(f, "is awaiting inside its body")?;
+                }
+                OpState::Awaiting => write!(
+                    f,
+                    "is awaiting inside its body, for the result of {}",
+                    op.awaits.join(", ")
+                )?,
                 OpState::Units(units) => {
                     let units: Vec<String> = units
                         .iter()
@@ -360,6 +526,19 @@ impl fmt::Display for Diagnostics {
                 Some(waited) => writeln!(f, "; pushed {waited:.1?} ago")?,
                 None => writeln!(f)?,
             }
+        }
+        let chains = self.chains();
+        if !chains.is_empty() {
+            writeln!(f, "what waits for what:")?;
+        }
+        for chain in chains.iter().take(MAX_CHAINS) {
+            writeln!(f, "  {chain}")?;
+        }
+        if chains.len() > MAX_CHAINS {
+            writeln!(f, "  ... and {} more", chains.len() - MAX_CHAINS)?;
+        }
+        for cycle in &self.cycles {
+            writeln!(f, "{cycle}")?;
         }
         for (holder, resource, units, parked) in self.units_awaited_on() {
             writeln!(

@@ -1,7 +1,9 @@
 //! What the engine can tell about its ops: the [`Diagnostics`] of a stuck
-//! engine (`diag`) and the registry of unfinished ops behind them
-//! (`track`), fed by the lifecycle hooks of `dep::Host`. The coming trace
-//! timelines and hang watchdog belong here, on the same hooks.
+//! engine (`diag`), who waits for whom in them and the cycles (`waits`),
+//! the registry of unfinished ops behind them (`track`), fed by the
+//! lifecycle hooks of `dep::Host`, and the hang watchdog's state, which
+//! reads the registry's progress (`watchdog`). The trace timelines live
+//! here too, on the same hooks.
 //!
 //! May import: `crate::loom`, `crate::error`, `crate::dep`.
 
@@ -14,6 +16,8 @@ mod spans;
 mod svg;
 mod timeline;
 mod track;
+mod waits;
+mod watchdog;
 
 pub use self::diag::{Diagnostics, OpReport, OpState, ResourceReport};
 pub(crate) use self::observe::Observer;
@@ -22,4 +26,7 @@ pub(crate) use self::record::{DEFAULT_EVENTS_PER_THREAD, Recorder};
 pub(crate) use self::spans::Spans;
 pub(crate) use self::timeline::{EngineInfo, assemble};
 pub use self::timeline::{ResourceTrack, Slice, Trace, TracedOp, Track};
-pub(crate) use self::track::Tracker;
+pub(crate) use self::track::{Tracker, note_awaited};
+pub use self::waits::{Cycle, Needs};
+pub(crate) use self::waits::{STUCK_AFTER, analyse};
+pub(crate) use self::watchdog::{OnHang, Stall, Watchdog};

@@ -1,6 +1,6 @@
 //! The [`Observer`]: everything that watches an engine's ops through the
 //! lifecycle hooks (the registry behind diagnostics, the trace recorder,
-//! `tracing` spans),
+//! `tracing` spans), and the hang watchdog that reads the registry,
 //! behind one pointer, so that an engine that observes nothing pays one
 //! predictable branch per hook.
 
@@ -8,6 +8,7 @@ use super::record::{Recorder, What, address};
 #[cfg(feature = "tracing")]
 use super::spans::Spans;
 use super::track::Tracker;
+use super::watchdog::Watchdog;
 use crate::dep::OpBlock;
 
 /// What an engine observes of its ops; at least one part is present.
@@ -17,6 +18,9 @@ pub(crate) struct Observer {
     pub(crate) recorder: Option<Recorder>,
     #[cfg(feature = "tracing")]
     pub(crate) spans: Option<Spans>,
+    /// The hang watchdog (its progress count is the tracker's, which it
+    /// needs: the builder makes one with it).
+    pub(crate) watchdog: Option<Watchdog>,
 }
 
 /// `by` as an event holds it.
@@ -27,6 +31,10 @@ fn by_address(by: Option<&OpBlock>) -> usize {
 impl Observer {
     /// The observer, or none if it has nothing to observe.
     pub(crate) fn boxed(self) -> Option<Box<Self>> {
+        debug_assert!(
+            self.watchdog.is_none() || self.tracker.is_some(),
+            "a watchdog reads the tracker"
+        );
         #[cfg(feature = "tracing")]
         let spans = self.spans.is_some();
         #[cfg(not(feature = "tracing"))]
