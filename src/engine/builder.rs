@@ -198,7 +198,7 @@ impl EngineBuilder {
     }
 
     /// How many events each thread's trace buffer holds (default: 65536,
-    /// about 2.5 MiB a thread; an op takes about 5 plus one per variable).
+    /// 48 bytes each: 3 MiB a thread; an op takes about 5 plus one per variable).
     /// When a thread records more, its oldest events go, and
     /// [`Trace::dropped_events`](crate::Trace::dropped_events) counts them.
     /// At least 1.

@@ -1,9 +1,13 @@
-//! What the engine can tell about its ops: the [`Diagnostics`] of a stuck
-//! engine (`diag`), who waits for whom in them and the cycles (`waits`),
-//! the registry of unfinished ops behind them (`track`), fed by the
-//! lifecycle hooks of `dep::Host`, and the hang watchdog's state, which
-//! reads the registry's progress (`watchdog`). The trace timelines live
-//! here too, on the same hooks.
+//! What the engine can tell about its ops, all fed by the lifecycle hooks
+//! of `dep::Host` through one [`Observer`] (`observe`):
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | `diag`, `waits`, `track` | the [`Diagnostics`] of a stuck engine, who waits for whom and the cycles, and the registry of unfinished ops behind them |
+//! | `watchdog` | the hang watchdog's state, which reads the registry's progress |
+//! | `record` | the trace recorder: per-thread rings of fixed-size events |
+//! | `timeline`, `chrome`, `svg` | the [`Trace`] put together from the events, as Chrome JSON and as an SVG timeline |
+//! | `spans` | `tracing` spans per op (feature `tracing`) |
 //!
 //! May import: `crate::loom`, `crate::error`, `crate::dep`.
 

@@ -325,6 +325,12 @@ pub(crate) fn address(op: &OpBlock) -> usize {
 mod tests {
     use super::*;
 
+    /// The builder's docs give a ring's size from this.
+    #[test]
+    fn an_event_takes_48_bytes() {
+        assert_eq!(std::mem::size_of::<Event>(), 48);
+    }
+
     #[test]
     fn a_full_ring_keeps_the_newest_and_counts_the_rest() {
         let mut ring = Ring {
