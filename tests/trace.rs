@@ -444,3 +444,102 @@ fn a_skipped_op_is_in_the_json_as_skipped() {
     assert!(skipped.at("started_us").is_none());
     assert!(ops.values().find(|o| o.name == "fails").unwrap().args["skipped"].is_null());
 }
+
+/// An op that last waited for units a deleted variable let go was unblocked
+/// by no op: the trace does not blame the producer of its input.
+#[test]
+fn units_from_a_variable_unblock_no_op() {
+    within(60, || {
+        let engine = Engine::builder()
+            .threads(2)
+            .tracing(Tracing::On)
+            .build()
+            .unwrap();
+        let memory = engine.new_resource("memory", 1);
+        let (held, input, out) = (engine.new_var(), engine.new_var(), engine.new_var());
+        engine
+            .op()
+            .mutates(&[&held])
+            .allocates(&memory, 1, &held)
+            .run(|_| Ok(()))
+            .unwrap()
+            .wait()
+            .unwrap();
+        let (open, gate) = mpsc::channel::<()>();
+        let gate = std::sync::Mutex::new(gate);
+        engine
+            .op()
+            .name("produce")
+            .mutates(&[&input])
+            .run(move |_| {
+                gate.lock().unwrap().recv().unwrap();
+                Ok(())
+            })
+            .unwrap();
+        let needs = engine
+            .op()
+            .name("needs")
+            .reads(&[&input])
+            .mutates(&[&out])
+            .uses(&memory, 1)
+            .run(|_| Ok(()))
+            .unwrap();
+        open.send(()).unwrap(); // `produce` ends; `needs` is ready, short of units
+        while engine.diagnostics().waiting_for_units().is_empty() {
+            std::thread::yield_now();
+        }
+        engine.delete_var(&held, drop).unwrap().wait().unwrap();
+        needs.wait().unwrap();
+        let trace = engine.trace().unwrap();
+        let op = trace
+            .ops()
+            .iter()
+            .find(|o| o.name() == Some("needs"))
+            .unwrap();
+        assert!(op.granted().unwrap() > op.ready().unwrap());
+        assert_eq!(op.unblocked_by(), None);
+    });
+}
+
+/// An op that waited for units another op gave back was unblocked by it.
+#[test]
+fn units_from_an_op_unblock_it() {
+    within(60, || {
+        let engine = Engine::builder()
+            .threads(2)
+            .tracing(Tracing::On)
+            .build()
+            .unwrap();
+        let memory = engine.new_resource("memory", 1);
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (open, gate) = mpsc::channel::<()>();
+        let gate = std::sync::Mutex::new(gate);
+        engine
+            .op()
+            .name("holder")
+            .mutates(&[&a])
+            .uses(&memory, 1)
+            .run(move |_| {
+                gate.lock().unwrap().recv().unwrap();
+                Ok(())
+            })
+            .unwrap();
+        engine
+            .op()
+            .name("waiter")
+            .mutates(&[&b])
+            .uses(&memory, 1)
+            .run(|_| Ok(()))
+            .unwrap();
+        while engine.diagnostics().waiting_for_units().is_empty() {
+            std::thread::yield_now();
+        }
+        open.send(()).unwrap();
+        engine.wait_all().wait().unwrap();
+        let trace = engine.trace().unwrap();
+        let [holder, waiter] = trace.ops() else {
+            panic!()
+        };
+        assert_eq!(waiter.unblocked_by(), Some(holder.id()));
+    });
+}

@@ -26,6 +26,17 @@ pub(crate) fn new_host_id() -> u64 {
     NEXT.fetch_add(1, Relaxed)
 }
 
+/// What let an op have its units (`Host::on_granted`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Units<'a> {
+    /// They were free when it asked, or its own ticket let it through.
+    Free,
+    /// This op gave units (or its tickets) back.
+    Op(&'a OpBlock),
+    /// A variable let units go (deleted, or dropped by its user).
+    Var,
+}
+
 /// What an op needs from the engine it was pushed to.
 ///
 /// Calls come from any thread: the pusher, the threads that complete ops,
@@ -60,21 +71,20 @@ pub(crate) trait Host: Sync + Sized + 'static {
     /// once they are free (perhaps at once).
     #[inline]
     fn request_units(&self, op: Runner) {
-        self.dispatch_granted(self.broker().request(op), None);
+        self.dispatch_granted(self.broker().request(op), Units::Free);
     }
 
     /// Gives up the tickets of `op`, which will not ask for its units (it
     /// will be skipped), and dispatches what that lets through.
     #[inline]
     fn retire_tickets(&self, demands: &[Demand], op: &OpBlock) {
-        self.dispatch_granted(self.broker().retire(demands), Some(op));
+        self.dispatch_granted(self.broker().retire(demands), Units::Op(op));
     }
 
-    /// Gives units back, (pool, amount) pairs, from the op `by` that ends
-    /// (none: from a variable that let them go), and dispatches the ops that
-    /// now fit.
+    /// Gives units back, (pool, amount) pairs, from `by` (an op that ends,
+    /// or a variable that let them go), and dispatches the ops that now fit.
     #[inline]
-    fn give_back_units(&self, returns: &[(usize, u64)], by: Option<&OpBlock>) {
+    fn give_back_units(&self, returns: &[(usize, u64)], by: Units<'_>) {
         self.dispatch_granted(self.broker().release(returns.iter().copied()), by);
         for &(pool, _) in returns {
             self.on_units(pool);
@@ -82,10 +92,9 @@ pub(crate) trait Host: Sync + Sized + 'static {
     }
 
     /// Dispatches the ops the broker granted their units (`on_granted`),
-    /// let through by `by`'s units or tickets (none: at their request, or
-    /// by a variable's units).
+    /// let through by `by`.
     #[inline]
-    fn dispatch_granted(&self, granted: Few<Runner>, by: Option<&OpBlock>) {
+    fn dispatch_granted(&self, granted: Few<Runner>, by: Units<'_>) {
         granted.for_each(|op| {
             let block = op.metadata();
             if let Some(units) = block.units() {
@@ -114,10 +123,9 @@ pub(crate) trait Host: Sync + Sized + 'static {
     #[inline]
     fn on_ready(&self, _op: &OpBlock, _by: Option<&OpBlock>) {}
 
-    /// Hook: the op got its units, let through by `by` (as
-    /// `dispatch_granted` says).
+    /// Hook: the op got its units, let through by `by`.
     #[inline]
-    fn on_granted(&self, _op: &OpBlock, _by: Option<&OpBlock>) {}
+    fn on_granted(&self, _op: &OpBlock, _by: Units<'_>) {}
 
     /// Hook: the units of `pool` taken or given back changed.
     #[inline]

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use super::block::{LEASE_MASK, OpBlock, Runner};
-use super::host::Host;
+use super::host::{Host, Units};
 use super::poison::Skip;
 use super::units::{OpUnits, Returns};
 use crate::core::chain::{Grant, Owner};
@@ -183,7 +183,7 @@ fn release_grants<H: Host>(op: &OpBlock, host: &H) {
     {
         // SAFETY: the op still holds its grants (released just below).
         let returns = unsafe { hand_on(op, units) };
-        host.give_back_units(&returns, Some(op));
+        host.give_back_units(&returns, Units::Op(op));
     }
     release_edges(op, host);
     retire(op, host);

@@ -48,7 +48,7 @@ pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
-pub(crate) use self::host::{Host, new_host_id};
+pub(crate) use self::host::{Host, Units, new_host_id};
 pub(crate) use self::output::take_late_failures;
 pub(crate) use self::own::{deletion, mark_deleted, unpoisoning, var_wait};
 pub(crate) use self::spawn::{OpTask, spawn};

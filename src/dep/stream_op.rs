@@ -27,7 +27,7 @@ use super::block::OpBlock;
 use super::body::Body;
 use super::ctx::Env;
 use super::future::{discard_body, run_body};
-use super::host::Host;
+use super::host::{Host, Units};
 use super::lifecycle::{
     Outcome, abandon, dropping_failed, finish, host, lease_dropped, release_edges, retire, skip,
 };
@@ -111,7 +111,7 @@ impl OpBlock {
             if failed {
                 deferred.revocable.iter().for_each(Revocable::revoke);
             }
-            host.give_back_units(&deferred.returns, Some(self));
+            host.give_back_units(&deferred.returns, Units::Op(self));
         }
         retire(self, host);
     }

@@ -110,7 +110,7 @@ impl Host for NoopHost {
         self.granters.lock().push((name(op), by.map(name)));
     }
 
-    fn on_granted(&self, op: &OpBlock, _by: Option<&OpBlock>) {
+    fn on_granted(&self, op: &OpBlock, _by: super::host::Units<'_>) {
         self.hook(op, Hook::Granted);
     }
 

@@ -32,7 +32,7 @@ use super::executor::Exec;
 use crate::core::generations::{Generations, Signal};
 use crate::core::room::Room;
 use crate::core::tickets::Broker;
-use crate::dep::{Host, OpBlock, Runner, take_late_failures};
+use crate::dep::{Host, OpBlock, Runner, Units, take_late_failures};
 use crate::device::StreamDevice;
 use crate::error::{Error, OpFailure, VarId};
 use crate::loom::sync::Mutex;
@@ -239,7 +239,7 @@ impl Host for Shared {
     }
 
     #[inline]
-    fn on_granted(&self, op: &OpBlock, by: Option<&OpBlock>) {
+    fn on_granted(&self, op: &OpBlock, by: Units<'_>) {
         if let Some(o) = &self.observer {
             o.granted(op, by);
         }
@@ -297,7 +297,7 @@ impl Ledger for Shared {
     }
 
     fn give_back(&self, pool: usize, amount: u64) {
-        self.give_back_units(&[(pool, amount)], None);
+        self.give_back_units(&[(pool, amount)], Units::Var);
     }
 
     fn tracks_holders(&self) -> bool {

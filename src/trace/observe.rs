@@ -4,12 +4,13 @@
 //! behind one pointer, so that an engine that observes nothing pays one
 //! predictable branch per hook.
 
+use super::record::BY_A_VARIABLE;
 use super::record::{Recorder, What, address};
 #[cfg(feature = "tracing")]
 use super::spans::Spans;
 use super::track::Tracker;
 use super::watchdog::Watchdog;
-use crate::dep::OpBlock;
+use crate::dep::{OpBlock, Units};
 
 /// What an engine observes of its ops; at least one part is present.
 #[derive(Default)]
@@ -78,16 +79,30 @@ impl Observer {
         }
     }
 
-    pub(crate) fn granted(&self, op: &OpBlock, by: Option<&OpBlock>) {
+    pub(crate) fn granted(&self, op: &OpBlock, by: Units<'_>) {
         if let Some(t) = &self.tracker {
             t.granted(op);
         }
+        let by = match by {
+            Units::Free => None,
+            Units::Op(b) => Some(b),
+            Units::Var => {
+                if let Some(r) = self.recording() {
+                    r.event(op, What::Granted { by: BY_A_VARIABLE });
+                }
+                return self.granted_spans(op, None);
+            }
+        };
         if let Some(r) = self.recording() {
             r.event(op, What::Granted { by: by_address(by) });
         }
+        self.granted_spans(op, by);
+    }
+
+    fn granted_spans(&self, _op: &OpBlock, _by: Option<&OpBlock>) {
         #[cfg(feature = "tracing")]
         if let Some(s) = self.spans() {
-            s.unblocked(op, by, "granted");
+            s.unblocked(_op, _by, "granted");
         }
     }
 

@@ -58,7 +58,8 @@ pub(crate) enum What {
     /// Every variable granted it; `by` is the op whose completion gave the
     /// last grant (0: none).
     Ready { by: usize },
-    /// It got its units; `by` as for `Ready`.
+    /// It got its units; `by` as for `Ready` (0: they were free when it
+    /// asked), or [`BY_A_VARIABLE`].
     Granted { by: usize },
     /// Its body started on this thread.
     Started,
@@ -73,6 +74,9 @@ pub(crate) enum What {
     /// `pool` has `in_use` units taken (by ops or variables).
     Units { pool: u32, in_use: u64 },
 }
+
+/// `What::Granted::by` when a variable let the units go (no op did).
+pub(crate) const BY_A_VARIABLE: usize = usize::MAX;
 
 /// One recorded event. `op` is the op's address (0 for `Units`).
 #[derive(Clone, Copy, Debug)]

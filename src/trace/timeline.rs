@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::record::{Name, Snapshot, What};
+use super::record::{BY_A_VARIABLE, Name, Snapshot, What};
 use crate::error::VarId;
 
 /// What an engine recorded while it traced
@@ -146,7 +146,9 @@ impl TracedOp {
     }
 
     /// The op whose completion (or units) made this one runnable, by
-    /// [`id`](Self::id); `None` if nothing held it back at its push.
+    /// [`id`](Self::id); `None` if nothing held it back at its push, or if
+    /// what it waited for last were units a variable let go (deleted or
+    /// dropped: no op).
     pub fn unblocked_by(&self) -> Option<u64> {
         self.unblocked_by
     }
@@ -314,7 +316,10 @@ pub(crate) fn assemble(snapshot: Snapshot, info: EngineInfo) -> Trace {
             }
             What::Granted { by: b } => {
                 op.granted = Some(at);
-                if let Some(b) = by(b) {
+                if b == BY_A_VARIABLE {
+                    // Its units came from a variable, not an op.
+                    op.unblocked_by = None;
+                } else if let Some(b) = by(b) {
                     op.unblocked_by = Some(b);
                 }
             }
