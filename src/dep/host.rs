@@ -86,9 +86,7 @@ pub(crate) trait Host: Sync + Sized + 'static {
     #[inline]
     fn give_back_units(&self, returns: &[(usize, u64)], by: Units<'_>) {
         self.dispatch_granted(self.broker().release(returns.iter().copied()), by);
-        for &(pool, _) in returns {
-            self.on_units(pool);
-        }
+        self.on_units(returns.iter().map(|&(pool, _)| pool));
     }
 
     /// Dispatches the ops the broker granted their units (`on_granted`),
@@ -99,9 +97,7 @@ pub(crate) trait Host: Sync + Sized + 'static {
             let block = op.metadata();
             if let Some(units) = block.units() {
                 units.mark_held();
-                for (resource, _) in units.demands() {
-                    self.on_units(resource.pool());
-                }
+                self.on_units(units.demands().map(|(resource, _)| resource.pool()));
             }
             self.on_granted(block, by);
             self.dispatch(op, false);
@@ -127,9 +123,10 @@ pub(crate) trait Host: Sync + Sized + 'static {
     #[inline]
     fn on_granted(&self, _op: &OpBlock, _by: Units<'_>) {}
 
-    /// Hook: the units of `pool` taken or given back changed.
+    /// Hook: units of `pools` were taken or given back. The pools are
+    /// computed only by a host that looks at them.
     #[inline]
-    fn on_units(&self, _pool: usize) {}
+    fn on_units(&self, _pools: impl Iterator<Item = usize>) {}
 
     /// Hook: the op's body is about to run for the first time.
     #[inline]

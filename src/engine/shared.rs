@@ -246,9 +246,9 @@ impl Host for Shared {
     }
 
     #[inline]
-    fn on_units(&self, pool: usize) {
+    fn on_units(&self, pools: impl Iterator<Item = usize>) {
         if let Some(o) = &self.observer {
-            o.units(pool, || {
+            o.units(pools, |pool| {
                 let (capacity, free) = self.broker.units(pool);
                 capacity - free
             });

@@ -83,33 +83,31 @@ impl Observer {
         if let Some(t) = &self.tracker {
             t.granted(op);
         }
-        let by = match by {
-            Units::Free => None,
-            Units::Op(b) => Some(b),
-            Units::Var => {
-                if let Some(r) = self.recording() {
-                    r.event(op, What::Granted { by: BY_A_VARIABLE });
-                }
-                return self.granted_spans(op, None);
-            }
-        };
         if let Some(r) = self.recording() {
-            r.event(op, What::Granted { by: by_address(by) });
+            let by = match by {
+                Units::Free => 0,
+                Units::Op(b) => address(b),
+                Units::Var => BY_A_VARIABLE,
+            };
+            r.event(op, What::Granted { by });
         }
-        self.granted_spans(op, by);
-    }
-
-    fn granted_spans(&self, _op: &OpBlock, _by: Option<&OpBlock>) {
         #[cfg(feature = "tracing")]
         if let Some(s) = self.spans() {
-            s.unblocked(_op, _by, "granted");
+            let by = match by {
+                Units::Op(b) => Some(b),
+                Units::Free | Units::Var => None,
+            };
+            s.unblocked(op, by, "granted");
         }
     }
 
-    /// `pool` has `in_use` units taken now.
-    pub(crate) fn units(&self, pool: usize, in_use: impl FnOnce() -> u64) {
+    /// The units taken of each of `pools` changed: `in_use` tells how many
+    /// are taken now.
+    pub(crate) fn units(&self, pools: impl Iterator<Item = usize>, in_use: impl Fn(usize) -> u64) {
         if let Some(r) = self.recording() {
-            r.units(pool, in_use());
+            for pool in pools {
+                r.units(pool, in_use(pool));
+            }
         }
     }
 
