@@ -291,6 +291,15 @@ pub enum Error {
     /// the device does not have, an async body on a stream device,
     /// [`OpCtx::stream`](crate::OpCtx::stream) off one, a failed enqueue.
     Stream(String),
+    /// The variable is an intermediate of a recorded graph
+    /// ([`Recorder::var`](crate::Recorder::var)): only that graph's ops
+    /// may declare it, not a pushed op nor another graph's.
+    GraphOwned(VarId),
+    /// A misuse of a recording ([`Engine::record`](crate::Engine::record))
+    /// or of a graph's replay: recording inside an op, an op the recording
+    /// cannot replay (an async body, a stream lane, resource units), a
+    /// planned buffer read before anything wrote it; the message says which.
+    Graph(String),
 }
 
 impl fmt::Display for Error {
@@ -339,6 +348,11 @@ impl fmt::Display for Error {
             Error::Config(msg) => write!(f, "invalid engine configuration: {msg}"),
             Error::Stream(msg) => write!(f, "stream device: {msg}"),
             Error::Io { path, .. } => write!(f, "could not write {}", path.display()),
+            Error::GraphOwned(var) => write!(
+                f,
+                "{var} is an intermediate of a recorded graph: only its graph's ops may declare it"
+            ),
+            Error::Graph(msg) => write!(f, "recorded graph: {msg}"),
         }
     }
 }

@@ -116,16 +116,18 @@ mod resource;
 
 mod dep;
 
+mod graph;
 mod trace;
 
 mod engine;
 
-pub use crate::dep::{AnyVar, Device, OpCtx, Var, VarKey, VarMut, VarRef};
+pub use crate::dep::{AnyVar, Buffer, Device, Element, OpCtx, Var, VarKey, VarMut, VarRef};
 pub use crate::engine::{
-    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Job, OpBuilder, OpHandle, Tracing, TypedCtx,
-    TypedOp, Wait, WhenRoom, read, write,
+    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpHandle, RecordOp,
+    Recorder, Replay, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read, write,
 };
 pub use crate::error::{BoxError, Error, OpFailure, VarId};
+pub use crate::graph::{EdgeKind, GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};
 pub use crate::resource::Resource;
 pub use crate::stream::{Lane, Stream};
 pub use crate::trace::{
@@ -207,6 +209,9 @@ const _: () = {
     send_sync::<Error>();
     send_sync::<OpFailure>();
     send_sync::<Diagnostics>();
+    send_sync::<Graph>();
+    send_sync::<Buffer<f32>>();
+    send::<Replay>();
     send::<OpHandle<u64>>();
     send::<Wait>();
     send::<Job>();

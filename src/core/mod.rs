@@ -7,6 +7,7 @@
 //! | [`countdown`] | when the last dependency of an op is met, and who takes its runnable |
 //! | [`anchor`] | who frees an op's allocation, once nothing can touch it |
 //! | [`generations`] | when every op pushed before a wait has finished |
+//! | [`replay`] | when each op of a recorded graph's replay may run, and when the replay is over |
 //! | [`room`] | when a producer may push again under a bound on ops in flight |
 //! | [`tickets`] | who gets counted units, in which order, without deadlock |
 //! | [`fence`] | when device work is done, and who waits for it |
@@ -22,5 +23,6 @@ pub(crate) mod countdown;
 pub(crate) mod fence;
 pub(crate) mod few;
 pub(crate) mod generations;
+pub(crate) mod replay;
 pub(crate) mod room;
 pub(crate) mod tickets;

@@ -23,7 +23,7 @@ use crate::error::{Error, VarId};
 use crate::resource::Held;
 
 /// Borrow counter value of a variable borrowed mutably.
-const MUT: i32 = -1;
+pub(super) const MUT: i32 = -1;
 
 /// An op on up to this many variables finds one by scanning its edges; a
 /// bigger one through an index sorted by id, built by its first lookup (a
@@ -204,7 +204,7 @@ impl OpCtx {
     /// the first `SCAN_MAX` edges, then in the index if there are more (so
     /// that an op on one or two variables pays one `min` for it).
     #[inline]
-    fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
+    pub(super) fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
         let edges = self.op().edges();
         let scanned = &edges[..edges.len().min(SCAN_MAX)];
         match scanned.iter().enumerate().find(|(_, e)| key.names(&e.var)) {
@@ -354,10 +354,16 @@ impl OpCtx {
         Ok(())
     }
 
+    /// The borrow counter of the op's mutated variable at edge `i`.
+    #[inline]
+    pub(super) fn borrow_counter(&self, i: usize) -> &AtomicI32 {
+        &self.borrows[i]
+    }
+
     /// Borrows the variable `key` names exclusively: the op declared it as
     /// mutated and the body holds no borrow of it. Release with a store of 0.
     #[inline]
-    fn claim<T>(&self, key: VarKey<T>) -> Result<(usize, &AtomicI32, &OpEdge), Error> {
+    pub(super) fn claim<T>(&self, key: VarKey<T>) -> Result<(usize, &AtomicI32, &OpEdge), Error> {
         let (i, edge) = self.find(key)?;
         if !edge.is_write() {
             return Err(Error::NotMutable(key.id()));
@@ -433,19 +439,19 @@ impl std::fmt::Debug for OpCtx {
 /// assert_eq!(sum.wait()?, 6);
 /// # Ok::<(), depflow::Error>(())
 /// ```
-pub struct VarRef<'a, T> {
-    value: &'a T,
-    count: Option<&'a AtomicI32>,
+pub struct VarRef<'a, T: ?Sized> {
+    pub(super) value: &'a T,
+    pub(super) count: Option<&'a AtomicI32>,
 }
 
-impl<T> Deref for VarRef<'_, T> {
+impl<T: ?Sized> Deref for VarRef<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
         self.value
     }
 }
 
-impl<T> Drop for VarRef<'_, T> {
+impl<T: ?Sized> Drop for VarRef<'_, T> {
     fn drop(&mut self) {
         if let Some(c) = self.count {
             c.fetch_sub(1, Ordering::Release);
@@ -453,7 +459,7 @@ impl<T> Drop for VarRef<'_, T> {
     }
 }
 
-impl<T: std::fmt::Debug> std::fmt::Debug for VarRef<'_, T> {
+impl<T: std::fmt::Debug + ?Sized> std::fmt::Debug for VarRef<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.value.fmt(f)
     }
@@ -473,31 +479,31 @@ impl<T: std::fmt::Debug> std::fmt::Debug for VarRef<'_, T> {
 /// })?;
 /// # Ok::<(), depflow::Error>(())
 /// ```
-pub struct VarMut<'a, T> {
-    value: &'a mut T,
-    count: &'a AtomicI32,
+pub struct VarMut<'a, T: ?Sized> {
+    pub(super) value: &'a mut T,
+    pub(super) count: &'a AtomicI32,
 }
 
-impl<T> Deref for VarMut<'_, T> {
+impl<T: ?Sized> Deref for VarMut<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
         self.value
     }
 }
 
-impl<T> DerefMut for VarMut<'_, T> {
+impl<T: ?Sized> DerefMut for VarMut<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         self.value
     }
 }
 
-impl<T> Drop for VarMut<'_, T> {
+impl<T: ?Sized> Drop for VarMut<'_, T> {
     fn drop(&mut self) {
         self.count.store(0, Ordering::Release);
     }
 }
 
-impl<T: std::fmt::Debug> std::fmt::Debug for VarMut<'_, T> {
+impl<T: std::fmt::Debug + ?Sized> std::fmt::Debug for VarMut<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.value.fmt(f)
     }

@@ -182,11 +182,11 @@ crate::loom::thread::thread_local! {
 }
 
 /// Marks the calling thread as running an op's body until dropped.
-struct CurrentOp(*const OpBlock);
+pub(super) struct CurrentOp(*const OpBlock);
 
 impl CurrentOp {
     #[inline]
-    fn enter(op: &OpBlock) -> Self {
+    pub(super) fn enter(op: &OpBlock) -> Self {
         CurrentOp(CURRENT.with(|c| c.replace(op)))
     }
 }

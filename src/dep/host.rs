@@ -43,7 +43,7 @@ pub(crate) enum Units<'a> {
 /// executors. None of them may block or run an op inline unless the
 /// executor is built for that; the lifecycle hooks are called on the hot
 /// path, so a host that records nothing leaves them empty.
-pub(crate) trait Host: Sync + Sized + 'static {
+pub(crate) trait Host: Send + Sync + Sized + 'static {
     /// The host's identity, from [`new_host_id`]: the variables it made
     /// carry it, and ops may only declare those.
     fn id(&self) -> u64;

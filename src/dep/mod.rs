@@ -17,6 +17,8 @@
 //! | `task` | the pusher's side of an op's task: await, ask, cancel |
 //! | `reclaim` | who frees an op's memory: the thread that pushed it |
 //! | `host` | what the layer needs from above: the [`Host`] trait |
+//! | `resident` | a recorded graph's ops: their resident tasks, and one run of such an op |
+//! | `buffer` | planned buffers ([`Buffer`]) and the arena a graph's buffers share |
 //!
 //! May import: `crate::loom`, `crate::core`, `crate::error`,
 //! `crate::resource`, `crate::device`. It reaches the engine only through
@@ -26,6 +28,7 @@
 
 mod block;
 mod body;
+mod buffer;
 mod ctx;
 mod decl;
 mod future;
@@ -35,6 +38,7 @@ mod output;
 mod own;
 mod poison;
 pub(crate) mod reclaim;
+mod resident;
 mod spawn;
 mod stream_op;
 mod task;
@@ -45,12 +49,19 @@ mod var;
 
 pub(crate) use self::block::{Mode, OpBlock, OpSpec, Runner};
 pub(crate) use self::body::{AsyncBody, Body, SyncBody};
+pub(crate) use self::buffer::Arena;
+pub use self::buffer::{Buffer, Element};
+pub(crate) use self::ctx::Env;
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
+pub(crate) use self::decl::recorded_edges;
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, Units, new_host_id};
 pub(crate) use self::output::take_late_failures;
 pub(crate) use self::own::{deletion, mark_deleted, unpoisoning, var_wait};
+pub(crate) use self::resident::{
+    Driver, Ran, RecordedBody, Resident, clear_graph_poison, run_recorded,
+};
 pub(crate) use self::spawn::{OpTask, spawn};
 pub(crate) use self::task::PushedOp;
 pub(crate) use self::units::OpUnits;

@@ -65,6 +65,9 @@ pub(crate) enum VarState {
 pub struct VarCore {
     engine: u64,
     id: VarId,
+    /// The recorded graph whose intermediate this is (see `crate::graph`),
+    /// or 0: only that graph's ops may declare it.
+    graph: u64,
     /// Drops one strong reference to the `Arc<VarInner<T>>` this core heads.
     release: unsafe fn(NonNull<VarCore>),
     /// A delete has been pushed: later pushes are refused.
@@ -105,6 +108,13 @@ impl VarCore {
     #[inline]
     pub(crate) fn engine(&self) -> u64 {
         self.engine
+    }
+
+    /// The id of the recorded graph owning the variable (an intermediate),
+    /// or 0.
+    #[inline]
+    pub(crate) fn graph(&self) -> u64 {
+        self.graph
     }
 
     /// Whether dropping the variable's value runs code (it may panic).
@@ -356,16 +366,23 @@ pub struct Var<T = ()> {
 
 impl<T: Send + Sync + 'static> Var<T> {
     pub(crate) fn new(engine: u64, value: T) -> Self {
-        Self::with_name(engine, value, None)
+        Self::with_name(engine, value, None, 0)
+    }
+
+    /// An intermediate of the recorded graph `graph` (not 0): only that
+    /// graph's ops may declare it.
+    pub(crate) fn intermediate(engine: u64, value: T, graph: u64, name: Option<Arc<str>>) -> Self {
+        debug_assert_ne!(graph, 0);
+        Self::with_name(engine, value, name, graph)
     }
 
     /// A variable whose id prints as `name` while it is alive (see
     /// `error::names`).
     pub(crate) fn named(engine: u64, value: T, name: Arc<str>) -> Self {
-        Self::with_name(engine, value, Some(name))
+        Self::with_name(engine, value, Some(name), 0)
     }
 
-    fn with_name(engine: u64, value: T, name: Option<Arc<str>>) -> Self {
+    fn with_name(engine: u64, value: T, name: Option<Arc<str>>, graph: u64) -> Self {
         let id = VarId(NEXT_VAR_ID.fetch_add(1, Ordering::Relaxed));
         let named = name.is_some();
         if let Some(name) = name {
@@ -374,6 +391,7 @@ impl<T: Send + Sync + 'static> Var<T> {
         let core = VarCore {
             engine,
             id,
+            graph,
             release: release::<T>,
             deleted: AtomicBool::new(false),
             named,
@@ -539,7 +557,7 @@ impl<T> From<&Var<T>> for VarKey<T> {
     }
 }
 
-mod sealed {
+pub(super) mod sealed {
     pub trait Sealed {}
 }
 
@@ -564,11 +582,16 @@ pub trait AnyVar: sealed::Sealed + Send + Sync {
     /// A strong reference to the variable, for an op's edge.
     #[doc(hidden)]
     fn hold(&self) -> VarHold;
+
+    /// An owned handle to the variable (a recorded graph keeps its
+    /// boundary's).
+    #[doc(hidden)]
+    fn to_owned_var(&self) -> Box<dyn AnyVar>;
 }
 
 impl<T> sealed::Sealed for Var<T> {}
 
-impl<T: Send + Sync> AnyVar for Var<T> {
+impl<T: Send + Sync + 'static> AnyVar for Var<T> {
     #[inline]
     fn core(&self) -> &VarCore {
         &self.inner.core
@@ -581,6 +604,10 @@ impl<T: Send + Sync> AnyVar for Var<T> {
             .cast_mut();
         // SAFETY: `Arc::into_raw` never returns null.
         VarHold(unsafe { NonNull::new_unchecked(ptr) })
+    }
+
+    fn to_owned_var(&self) -> Box<dyn AnyVar> {
+        Box::new(self.clone())
     }
 }
 

@@ -11,14 +11,14 @@
 //! | `op_builder` | [`OpBuilder`], [`WhenRoom`]: describing an op, checked into an `OpSpec` |
 //! | `typed_op` | [`TypedOp`], [`TypedCtx`]: typed access, declarations that give the body its values |
 //! | `handle` | [`OpHandle`], [`Wait`]: futures, and blocking on them |
+//! | `record` | [`Engine::record`](crate::Engine::record), [`Recorder`], [`Graph`] and its [`Replay`]s: the entry to `crate::graph` |
 //! | `shared` | the state shared by handles and ops; the `Host` and `Ledger` implementations |
 //! | `shutdown` | shutting down when the last handle drops |
 //! | `diagnostics` | assembling [`Diagnostics`](crate::Diagnostics) |
 //! | `trace_window` | [`Tracing`], and the calls that open a trace window and take the [`Trace`](crate::Trace) |
 //!
 //! May import every layer below: `loom`, `core`, `error`, `exec`,
-//! `resource`, `device`, `dep`, `trace`. The planned recorded graphs
-//! (`Engine::record`) start here; data-parallel helpers (`parallel/`) will
+//! `resource`, `device`, `dep`, `trace`, `graph`. Data-parallel helpers (`parallel/`) will
 //! sit above, on the public API.
 
 mod builder;
@@ -27,6 +27,7 @@ mod executor;
 mod facade;
 mod handle;
 mod op_builder;
+mod record;
 mod shared;
 mod shutdown;
 mod trace_window;
@@ -37,6 +38,7 @@ pub use self::executor::{Executor, Job};
 pub use self::facade::Engine;
 pub use self::handle::{OpHandle, Wait};
 pub use self::op_builder::{OpBuilder, WhenRoom};
+pub use self::record::{Graph, RecordOp, Recorder, Replay};
 pub use self::trace_window::Tracing;
 pub use self::typed_op::{
     Access, AccessKeys, Accesses, Read, ReadKey, TypedCtx, TypedOp, Write, WriteKey, read, write,

@@ -95,6 +95,11 @@ impl Shared {
 
     /// Counts a new op in: returns its generation, or `ShutDown`.
     #[inline]
+    /// Whether the engine is shut down (it takes no new work).
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
     pub(super) fn admit(&self) -> Result<u8, Error> {
         let generation = self.pending.enter();
         if self.closed.load(Ordering::SeqCst) {

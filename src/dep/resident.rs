@@ -1,0 +1,266 @@
+//! Recorded ops: an op of a recorded graph (`crate::graph`), as the
+//! dependency layer runs it once per replay, without a push.
+//!
+//! Each recorded op keeps one *resident* task for the graph's lifetime,
+//! spawned at recording: its metadata is an ordinary [`OpBlock`] (its edges
+//! name the op's variables; they are never linked into a chain), and its
+//! future runs the op whenever the graph's [`Driver`] wakes it. So a replay
+//! spawns nothing and allocates nothing per op: waking the task hands its
+//! runnable to the op's device's executor like any ready op (priority
+//! included), and a driver may also run an op at once on the thread that
+//! made it ready ([`run_recorded`]).
+//!
+//! Ordering is the graph's: a recorded op runs only when the replay's
+//! countdowns (`core::replay`) say every op it depends on has ended, and
+//! the replay's own op holds the grants of every variable from outside the
+//! graph. So a recorded op touches its variables' states and values exactly
+//! as a pushed op holding their grants would.
+//!
+//! # Lifetimes
+//!
+//! - The task is woken only while a replay of its graph is in flight: the
+//!   replay's op keeps the graph, its host (the engine) and its driver
+//!   alive until every recorded op of the replay has ended.
+//! - Dropping a [`Resident`] gives up the op's variables and cancels the
+//!   task; the cancelled task's runnable is dropped on the spot by its
+//!   schedule function (`schedule_resident`), never sent to an executor
+//!   (the engine may be gone by then).
+
+// `unsafe`: the resident future's pointer to its driver, the block's host,
+// and the variables given up when the task goes; each block says why it is
+// sound.
+#![allow(unsafe_code)]
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use super::block::{OpBlock, OpSpec, Runner};
+use super::ctx::{Env, OpCtx};
+use super::future::CurrentOp;
+use super::host::Host;
+use super::lifecycle::{host, lease_dropped};
+use super::poison::Skip;
+use super::var::VarState;
+use crate::error::{BoxError, FailureKind, OpFailure, panic_message};
+
+/// A recorded op's body: called once per replay.
+pub(crate) type RecordedBody = Box<dyn Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync>;
+
+/// What runs a graph's recorded ops when their tasks are woken.
+pub(crate) trait Driver: Send + Sync + 'static {
+    /// Runs recorded op number `op`, which is ready (and whatever it lets
+    /// run at once on this thread).
+    fn run(&self, op: u32);
+}
+
+/// How a recorded op ended in one replay.
+#[must_use]
+#[derive(Debug)]
+pub(crate) enum Ran {
+    /// The body ran and succeeded.
+    Succeeded,
+    /// The body failed or panicked (or an input was deleted): the op's
+    /// outputs are poisoned with this failure, which the host recorded.
+    Failed(Arc<OpFailure>),
+    /// An input was poisoned by this earlier failure: the body did not run,
+    /// and the outputs carry the poison on.
+    Skipped(Arc<OpFailure>),
+}
+
+/// A recorded op's resident task.
+pub(crate) struct Resident {
+    waker: Waker,
+    task: Option<async_task::Task<(), OpBlock>>,
+}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Resident").field(self.block()).finish()
+    }
+}
+
+impl Resident {
+    /// The resident task of recorded op number `op`, made of `spec`, on
+    /// `host`, run by `driver`.
+    ///
+    /// # Safety
+    ///
+    /// The task is woken ([`wake`](Self::wake)) only while `driver` and
+    /// `host` are alive.
+    pub(crate) unsafe fn spawn<H: Host, D: Driver>(
+        spec: OpSpec,
+        host: &H,
+        driver: *const D,
+        op: u32,
+    ) -> Self {
+        let block = OpBlock::new(spec, std::ptr::from_ref(host).cast());
+        let future = ResidentFuture {
+            driver,
+            op,
+            parked: false,
+        };
+        let (runner, task) = async_task::Builder::new()
+            .metadata(block)
+            .spawn(move |_| future, schedule_resident::<H>);
+        let waker = runner.waker();
+        // The first poll parks the task (it returns at once): from now on a
+        // wake schedules it.
+        runner.run();
+        Self {
+            waker,
+            task: Some(task),
+        }
+    }
+
+    /// The op's block: its edges, name, device, priority.
+    #[inline]
+    pub(crate) fn block(&self) -> &OpBlock {
+        self.task.as_ref().expect("resident task").metadata()
+    }
+
+    /// Hands the op to its device's executor: it runs there through the
+    /// driver.
+    #[inline]
+    pub(crate) fn wake(&self) {
+        self.waker.wake_by_ref();
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        let task = self.task.take().expect("resident task");
+        // SAFETY: no replay is in flight (it would hold the graph, and so
+        // this task), so nothing reads the edges' variables any more; they
+        // are given up once, here. A panic of a value's drop was caught;
+        // there is no op left to report it against.
+        drop(unsafe { task.metadata().release_vars() });
+        task.metadata().cancel();
+        // Cancels the task: `schedule_resident` drops its runnable at once.
+        drop(task);
+    }
+}
+
+/// The schedule function of a resident task: to its device's executor, or,
+/// for a cancelled (dropped) one, nowhere: its runnable is dropped here,
+/// which drops the future.
+fn schedule_resident<H: Host>(runner: Runner) {
+    if runner.metadata().is_cancelled() {
+        drop(runner);
+        return;
+    }
+    // SAFETY: a resident task is woken only while its host is alive (see
+    // `Resident::spawn`), and `spawn::<H, _>` set this block's host.
+    let host: *const H = unsafe { host::<H>(runner.metadata()) };
+    // SAFETY: as above.
+    unsafe { (*host).dispatch(runner, false) };
+}
+
+/// The future of a resident task: parks on its first poll, then runs its
+/// op each time it is woken. It never completes.
+struct ResidentFuture<D> {
+    driver: *const D,
+    op: u32,
+    parked: bool,
+}
+
+// SAFETY: the driver is `Sync` (a `Driver` is), and only shared references to
+// it are made.
+unsafe impl<D: Driver> Send for ResidentFuture<D> {}
+
+impl<D: Driver> Future for ResidentFuture<D> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        if !self.parked {
+            self.parked = true;
+        } else {
+            // SAFETY: woken, so a replay is in flight, which keeps the driver
+            // alive (`Resident::spawn`'s contract).
+            unsafe { (*self.driver).run(self.op) };
+        }
+        Poll::Pending
+    }
+}
+
+/// Runs recorded op `op` once, on the calling thread: skipped if an input
+/// is poisoned or deleted, else its body, panics caught. A failure poisons
+/// what it mutates (and is recorded by the host); every mutated variable's
+/// version is counted, but those in `keep_version` (a bit per edge: the
+/// replay's own op counts them).
+///
+/// The caller guarantees that the op may touch its variables now: every
+/// op it depends on in the replay has ended, and the replay holds the
+/// grants of its variables from outside the graph.
+pub(crate) fn run_recorded<H: Host>(
+    op: &OpBlock,
+    body: &RecordedBody,
+    keep_version: u64,
+    host: &H,
+) -> Ran {
+    let ran = match op.blocked_by(false) {
+        Some(Skip::Poisoned(cause)) => {
+            op.fail(&cause);
+            Ran::Skipped(cause)
+        }
+        Some(Skip::Deleted(var)) => failed(op, FailureKind::InputDeleted(var), host),
+        Some(Skip::Cancelled) => unreachable!("a recorded op is never cancelled"),
+        None => {
+            let env = Env {
+                stream: None,
+                engine: host.id(),
+                lease_dropped: lease_dropped::<H>,
+            };
+            let result = {
+                let _current = CurrentOp::enter(op);
+                catch_unwind(AssertUnwindSafe(|| body(&OpCtx::borrowed(op, &env))))
+            };
+            match result {
+                Ok(Ok(())) => Ran::Succeeded,
+                Ok(Err(e)) => failed(op, FailureKind::Error(e), host),
+                Err(payload) => failed(
+                    op,
+                    FailureKind::Panic(panic_message(payload.as_ref())),
+                    host,
+                ),
+            }
+        }
+    };
+    for (i, e) in op.edges().iter().enumerate() {
+        if e.is_write() && (i >= 64 || keep_version & (1 << i) == 0) {
+            e.var.bump_version();
+        }
+    }
+    ran
+}
+
+/// The op failed with `kind`: its outputs are poisoned, the host records it.
+fn failed<H: Host>(op: &OpBlock, kind: FailureKind, host: &H) -> Ran {
+    let failure = op.failure(kind);
+    op.fail(&failure);
+    host.record_failure(failure.clone());
+    Ran::Failed(failure)
+}
+
+/// Clears the poison a failed replay left on the intermediates of graph
+/// `graph` that recorded op `op` mutates: each replay starts them afresh.
+///
+/// Called only while no op of the graph runs (a replay arming), on the
+/// graph's own intermediates, which no other op may declare.
+pub(crate) fn clear_graph_poison(op: &OpBlock, graph: u64) {
+    for e in op
+        .edges()
+        .iter()
+        .filter(|e| e.is_write() && e.var.graph() == graph)
+    {
+        // SAFETY: only the graph's ops touch its intermediates, and none
+        // runs while a replay arms: the access is exclusive.
+        unsafe {
+            if matches!(e.var.state(), VarState::Poisoned(_)) {
+                e.var.set_state(VarState::Live);
+            }
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Running a recorded graph: its ops' resident tasks, the replay's
+//! countdowns, and the replay's own op ([`ReplayBody`]), which holds the
+//! graph's variables from outside while the replay runs.
+//!
+//! One replay, step by step:
+//!
+//! 1. The engine pushes the replay's op, declaring each boundary variable
+//!    once (mutated if any recorded op mutates it) and the graph's token
+//!    (mutated: replays of one graph run one after the other). It is
+//!    granted like any op, in push order.
+//! 2. Its body arms the countdowns, clears what the previous replay
+//!    poisoned inside the graph, wakes the graph's first ops and runs one
+//!    of them itself.
+//! 3. An op that ends satisfies its successors: the first one made ready
+//!    on the same device runs at once on the same thread (no queue round
+//!    trip: a recorded chain runs as a loop); the others are woken onto
+//!    their devices' executors.
+//! 4. The op that ends last wakes the replay's op, which resolves to the
+//!    replay's first failure and releases the boundary variables.
+
+// `unsafe`: spawning the resident tasks, whose contract the runtime keeps;
+// the block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use crate::core::replay::{Countdowns, Left, Satisfied};
+use crate::dep::{
+    Body, Driver, Env, Host, OpBlock, OpSpec, Ran, RecordedBody, Resident, run_recorded,
+};
+use crate::error::{BoxError, Error};
+use crate::loom::sync::Mutex;
+
+/// One recorded op, as a replay runs it.
+pub(crate) struct Step {
+    pub(crate) resident: Resident,
+    pub(crate) body: RecordedBody,
+    /// A bit per edge whose variable's version the replay's op counts
+    /// instead (the last mutation of a boundary variable).
+    pub(crate) keep_version: u64,
+    pub(crate) device: u16,
+}
+
+/// The order a replay follows, from the analysis.
+pub(crate) struct Schedule {
+    /// Per op, the ops it waits for.
+    pub(crate) preds: Box<[u32]>,
+    /// Per op, where its successors start in `succ` (one more entry than
+    /// ops).
+    pub(crate) succ_start: Box<[u32]>,
+    pub(crate) succ: Box<[u32]>,
+    /// The ops that wait for none, in recorded order.
+    pub(crate) roots: Box<[u32]>,
+}
+
+/// A recorded graph's runtime, shared by its handle and the replay in
+/// flight.
+///
+/// | field | written by | read by |
+/// | --- | --- | --- |
+/// | `steps` (resident tasks, bodies), `schedule`, `host`, `graph` | the recording's end | replays |
+/// | `countdowns` | see `core::replay` | |
+/// | `failure`, `failed` | the replay's ops, as they fail; the replay's op (taking it, at its end; clearing `failed` when it arms) | the same |
+pub(crate) struct Runtime<H: Host> {
+    steps: Box<[Step]>,
+    schedule: Schedule,
+    countdowns: Countdowns,
+    /// The replay's first failure.
+    failure: Mutex<Option<Error>>,
+    /// Some op failed or was skipped in the last replay: its poison inside
+    /// the graph is cleared when the next one arms.
+    failed: AtomicBool,
+    /// The id of the graph, which its intermediates carry.
+    graph: u64,
+    host: Arc<H>,
+}
+
+impl<H: Host> std::fmt::Debug for Runtime<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("ops", &self.steps.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: Host> Runtime<H> {
+    /// The runtime of graph `graph` on `host`: one step per recorded op,
+    /// made of its spec, its body and its `keep_version` bits, with its
+    /// resident task.
+    pub(crate) fn new(
+        graph: u64,
+        host: Arc<H>,
+        schedule: Schedule,
+        ops: Vec<(OpSpec, RecordedBody, u64)>,
+    ) -> Arc<Self> {
+        let n = ops.len();
+        Arc::new_cyclic(|me| {
+            let driver: *const Self = me.as_ptr();
+            let steps = ops
+                .into_iter()
+                .enumerate()
+                .map(|(i, (spec, body, keep_version))| Step {
+                    device: spec.device_index,
+                    // SAFETY: a resident task is woken only by this runtime
+                    // (`run_from`, `ReplayBody`) while a replay is in
+                    // flight, and the replay's op holds the runtime (the
+                    // driver, at `driver` once built) and with it the host.
+                    resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
+                    body,
+                    keep_version,
+                })
+                .collect();
+            Self {
+                steps,
+                schedule,
+                countdowns: Countdowns::new(n),
+                failure: Mutex::new(None),
+                failed: AtomicBool::new(false),
+                graph,
+                host,
+            }
+        })
+    }
+
+    fn successors(&self, op: u32) -> &[u32] {
+        let s = &self.schedule.succ_start;
+        &self.schedule.succ[s[op as usize] as usize..s[op as usize + 1] as usize]
+    }
+
+    /// Keeps the replay's first failure.
+    #[cold]
+    fn fail(&self, error: Error) {
+        self.failed.store(true, Ordering::Relaxed);
+        let mut first = self.failure.lock();
+        if first.is_none() {
+            *first = Some(error);
+        }
+    }
+
+    /// Arms a replay; returns whether it has ops.
+    fn arm(&self) -> bool {
+        if self.failed.swap(false, Ordering::Relaxed) {
+            for step in self.steps.iter() {
+                crate::dep::clear_graph_poison(step.resident.block(), self.graph);
+            }
+        }
+        self.countdowns.arm(&self.schedule.preds)
+    }
+
+    /// Runs op `op` (ready), then, while an op it ends makes one on the
+    /// same device ready, that one.
+    fn run_from(&self, mut op: u32) {
+        loop {
+            let step = &self.steps[op as usize];
+            match run_recorded(
+                step.resident.block(),
+                &step.body,
+                step.keep_version,
+                &*self.host,
+            ) {
+                Ran::Succeeded => {}
+                Ran::Failed(f) => self.fail(Error::Failed(f)),
+                Ran::Skipped(f) => self.fail(Error::Poisoned(f)),
+            }
+            let mut next = None;
+            for &s in self.successors(op) {
+                if self.countdowns.satisfy(s) == Satisfied::Ready {
+                    if next.is_none() && self.steps[s as usize].device == step.device {
+                        next = Some(s);
+                    } else {
+                        self.steps[s as usize].resident.wake();
+                    }
+                }
+            }
+            // After the last op is counted out, nothing here may be touched
+            // (the replay's op may free the graph); a kept successor means
+            // this was not the last.
+            match (self.countdowns.op_done(), next) {
+                (Left::More, Some(s)) => op = s,
+                (Left::More, None) => return,
+                (Left::Last, next) => {
+                    debug_assert!(next.is_none(), "the last op handed one on");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl<H: Host> Driver for Runtime<H> {
+    fn run(&self, op: u32) {
+        self.run_from(op);
+    }
+}
+
+/// The body of a replay's op: arms the replay, starts its first ops, and
+/// resolves once every op of it has ended, to its first failure if any.
+pub(crate) struct ReplayBody<H: Host> {
+    runtime: Option<Arc<Runtime<H>>>,
+    armed: bool,
+}
+
+impl<H: Host> ReplayBody<H> {
+    pub(crate) fn new(runtime: Arc<Runtime<H>>) -> Self {
+        Self {
+            runtime: Some(runtime),
+            armed: false,
+        }
+    }
+}
+
+impl<H: Host> Unpin for ReplayBody<H> {}
+
+impl<H: Host> Body for ReplayBody<H> {
+    type Output = Option<Error>;
+    const SYNC: bool = false;
+
+    fn poll_body(
+        self: Pin<&mut Self>,
+        op: &OpBlock,
+        _env: &Env<'_>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Error>, BoxError>> {
+        let this = self.get_mut();
+        let runtime = this.runtime.as_ref().expect("replay polled after it ended");
+        if !this.armed {
+            this.armed = true;
+            if runtime.arm() {
+                // Wake the first ops, keeping one on this device to run here.
+                let mut here = None;
+                for &r in runtime.schedule.roots.iter() {
+                    if here.is_none() && runtime.steps[r as usize].device == op.device_index() {
+                        here = Some(r);
+                    } else {
+                        runtime.steps[r as usize].resident.wake();
+                    }
+                }
+                if let Some(r) = here {
+                    runtime.run_from(r);
+                }
+            }
+        }
+        match runtime.countdowns.poll_done(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => Poll::Ready(Ok(runtime.failure.lock().take())),
+        }
+    }
+
+    fn discard(self: Pin<&mut Self>) {
+        self.get_mut().runtime = None;
+    }
+}

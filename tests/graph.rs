@@ -1,0 +1,239 @@
+//! Recorded graphs: replays behave as the same ops pushed, in recorded
+//! order, at the replay's call.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use depflow::{Engine, Error, Executor, Order, Var};
+
+fn engine(threads: usize) -> Engine {
+    Engine::builder().threads(threads).build().unwrap()
+}
+
+/// `y += 2x + 1` through an intermediate, replayed n times.
+fn affine(engine: &Engine, x: &Var<i64>, y: &Var<i64>) -> depflow::Graph {
+    engine
+        .record(|rec| {
+            let t = rec.var(0i64);
+            rec.op().name("double").reads(&[x]).mutates(&[&t]).run({
+                let (x, t) = (x.key(), t.key());
+                move |ctx| {
+                    *ctx.write(t)? = 2 * *ctx.read(x)?;
+                    Ok(())
+                }
+            })?;
+            rec.op().name("add").reads(&[&t]).mutates(&[y]).run({
+                let (t, y) = (t.key(), y.key());
+                move |ctx| {
+                    *ctx.write(y)? += *ctx.read(t)? + 1;
+                    Ok(())
+                }
+            })
+        })
+        .unwrap()
+}
+
+#[test]
+fn replays_add_up_and_order_with_pushed_ops() {
+    for threads in [1, 2] {
+        let engine = engine(threads);
+        let (x, y) = (engine.var(3i64), engine.var(0i64));
+        let graph = affine(&engine, &x, &y);
+        assert_eq!(y.version(), 0, "recording runs nothing");
+        for i in 0..50 {
+            // A pushed op between replays changes x: the next replay sees it.
+            graph.replay();
+            let xk = x.key();
+            engine
+                .push(&[], &[&x], move |ctx| {
+                    *ctx.write(xk)? = i;
+                    Ok(())
+                })
+                .unwrap();
+        }
+        let want: i64 = std::iter::once(3).chain(0..49).map(|x| 2 * x + 1).sum();
+        assert_eq!(engine.get(&y).wait().unwrap(), want);
+        assert_eq!(y.version(), 50, "one mutation of y per replay");
+        engine.wait_all().wait().unwrap();
+    }
+}
+
+#[test]
+fn a_failure_poisons_like_a_pushed_op_and_the_graph_recovers() {
+    let engine = engine(2);
+    let (x, out) = (engine.var(1i64), engine.var(0i64));
+    let fail = Arc::new(AtomicUsize::new(1));
+    let graph = engine
+        .record(|rec| {
+            let t = rec.var(0i64);
+            rec.op()
+                .name("maybe fail")
+                .reads(&[&x])
+                .mutates(&[&t])
+                .run({
+                    let (x, t, fail) = (x.key(), t.key(), fail.clone());
+                    move |ctx| {
+                        if fail.load(Ordering::SeqCst) == 1 {
+                            return Err("boom".into());
+                        }
+                        *ctx.write(t)? = *ctx.read(x)?;
+                        Ok(())
+                    }
+                })?;
+            rec.op().name("copy").reads(&[&t]).mutates(&[&out]).run({
+                let (t, out) = (t.key(), out.key());
+                move |ctx| {
+                    *ctx.write(out)? = *ctx.read(t)? + 10;
+                    Ok(())
+                }
+            })
+        })
+        .unwrap();
+    match graph.replay().wait() {
+        Err(Error::Failed(f)) => assert_eq!(f.op_name(), Some("maybe fail")),
+        other => panic!("{other:?}"),
+    }
+    // The output is poisoned, as a pushed `copy` would have left it.
+    assert!(matches!(engine.get(&out).wait(), Err(Error::Poisoned(_))));
+    assert!(matches!(
+        engine.wait_all().wait(),
+        Err(Error::Failures { count: 1, .. })
+    ));
+    engine.clear_poison(&out).unwrap().wait().unwrap();
+    fail.store(0, Ordering::SeqCst);
+    graph.replay().wait().unwrap();
+    assert_eq!(engine.get(&out).wait().unwrap(), 11);
+}
+
+#[test]
+fn intermediates_are_the_graphs_own() {
+    let engine = engine(1);
+    let x = engine.var(1i64);
+    let mut leaked = None;
+    let graph = engine
+        .record(|rec| {
+            let t = rec.var(0i64);
+            leaked = Some(t.clone());
+            rec.push(&[&x], &[&t], |_| Ok(()))
+        })
+        .unwrap();
+    let t = leaked.unwrap();
+    assert!(matches!(
+        engine.push(&[&t], &[], |_| Ok(())),
+        Err(Error::GraphOwned(_))
+    ));
+    assert!(matches!(
+        engine.record(|rec| rec.push(&[&t], &[&x], |_| Ok(()))),
+        Err(Error::GraphOwned(_))
+    ));
+    graph.replay().wait().unwrap();
+}
+
+#[test]
+fn bad_recordings_are_refused() {
+    let engine = engine(1);
+    let x = engine.var(0u8);
+    // Recording inside an op.
+    let e2 = engine.clone();
+    let inside = engine
+        .push(&[], &[&x], move |_| Ok(e2.record(|_| Ok(())).err()))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(matches!(inside, Some(Error::Graph(_))), "{inside:?}");
+    // A buffer read before anything writes it.
+    let r = engine.record(|rec| {
+        let b = rec.buffer::<f32>(4);
+        rec.push(&[&b], &[&x], |_| Ok(()))
+    });
+    assert!(matches!(r, Err(Error::Graph(_))), "{r:?}");
+    // A stream device.
+    let gpu_engine = Engine::builder()
+        .device("gpu", Executor::simulated_gpu(1))
+        .build()
+        .unwrap();
+    let gpu = gpu_engine.device("gpu").unwrap();
+    let v = gpu_engine.new_var();
+    let r = gpu_engine.record(|rec| rec.op().on(gpu).mutates(&[&v]).run(|_| Ok(())));
+    assert!(matches!(r, Err(Error::Graph(_))), "{r:?}");
+    // Another engine's variable.
+    let other = Engine::new();
+    let w = other.var(0u8);
+    let r = engine.record(|rec| rec.push(&[&w], &[&x], |_| Ok(())));
+    assert!(matches!(r, Err(Error::ForeignVar(_))), "{r:?}");
+}
+
+#[test]
+fn a_replay_after_shutdown_is_refused() {
+    let engine = engine(1);
+    let x = engine.var(0i64);
+    let y = engine.var(0i64);
+    let graph = affine(&engine, &x, &y);
+    graph.replay().wait().unwrap();
+    engine.shutdown().wait().unwrap();
+    assert!(matches!(graph.replay().wait(), Err(Error::ShutDown)));
+    assert!(matches!(engine.record(|_| Ok(())), Err(Error::ShutDown)));
+}
+
+#[test]
+fn a_replay_outlives_its_dropped_graph_and_engine() {
+    let engine = engine(2);
+    let (x, y) = (engine.var(1i64), engine.var(0i64));
+    let graph = affine(&engine, &x, &y);
+    let replays: Vec<_> = (0..20).map(|_| graph.replay()).collect();
+    drop(graph);
+    for r in replays {
+        r.wait().unwrap();
+    }
+    assert_eq!(engine.get(&y).wait().unwrap(), 60);
+    drop(engine);
+}
+
+#[test]
+fn buffers_are_planned_and_shared() {
+    let engine = engine(2);
+    let (input, out) = (engine.var(vec![1.0f32; 16]), engine.var(0.0f32));
+    let graph = engine
+        .record(|rec| {
+            rec.order(Order::Sequential);
+            // A chain of four 16-float buffers: only neighbours live at once.
+            let bufs: Vec<_> = (0..4).map(|_| rec.buffer::<f32>(16)).collect();
+            rec.push(&[&input], &[&bufs[0]], {
+                let (input, b) = (input.key(), bufs[0].clone());
+                move |ctx| {
+                    ctx.buffer_mut(&b)?.copy_from_slice(&ctx.read(input)?);
+                    Ok(())
+                }
+            })?;
+            for w in bufs.windows(2) {
+                let (a, b) = (w[0].clone(), w[1].clone());
+                rec.push(&[&w[0]], &[&w[1]], move |ctx| {
+                    let a = ctx.buffer(&a)?;
+                    for (b, a) in ctx.buffer_mut(&b)?.iter_mut().zip(a.iter()) {
+                        *b = a * 2.0;
+                    }
+                    Ok(())
+                })?;
+            }
+            let (last, ok) = (bufs[3].clone(), out.key());
+            rec.push(&[&bufs[3]], &[&out], move |ctx| {
+                *ctx.write(ok)? = ctx.buffer(&last)?.iter().sum();
+                Ok(())
+            })
+        })
+        .unwrap();
+    let plan = graph.plan();
+    assert_eq!(plan.total_bytes, 4 * 64);
+    assert_eq!(plan.arena_bytes, 2 * 64, "{plan:?}");
+    assert!(
+        !graph.is_allocated(),
+        "memory is taken by a replay, not at recording"
+    );
+    for _ in 0..3 {
+        graph.replay().wait().unwrap();
+        assert_eq!(engine.get(&out).wait().unwrap(), 16.0 * 8.0);
+    }
+    assert!(graph.is_allocated());
+    let dot = graph.to_dot();
+    assert_eq!(dot.matches("->").count(), graph.edges().len());
+}
