@@ -233,6 +233,7 @@ pub mod __loom {
     pub use crate::core::countdown::Countdown;
     pub use crate::core::fence::{Fence, VarFences};
     pub use crate::core::generations::{Generations, Signal};
+    pub use crate::core::replay::{Countdowns, Left, Satisfied};
     pub use crate::core::room::Room;
     pub use crate::core::tickets::{Broker, Demand, Granted, Request};
     pub use crate::dep::testing::{

@@ -38,7 +38,7 @@ use crate::loom::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
 /// What [`Countdowns::satisfy`] found.
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Satisfied {
+pub enum Satisfied {
     /// The op was the last one the successor waited for: it is ready, and
     /// the caller is the one thread that runs it (or hands it on).
     Ready,
@@ -49,7 +49,7 @@ pub(crate) enum Satisfied {
 /// What [`Countdowns::op_done`] found.
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Left {
+pub enum Left {
     /// Other ops of the replay have not ended.
     More,
     /// This was the replay's last op: the replay is over, its awaiter
@@ -59,7 +59,7 @@ pub(crate) enum Left {
 
 /// The countdowns of one graph's replays (one replay at a time).
 #[derive(Debug)]
-pub(crate) struct Countdowns {
+pub struct Countdowns {
     /// Per op: the predecessors that have not ended in this replay.
     pending: Box<[AtomicU32]>,
     /// The ops of this replay that have not ended.
@@ -76,7 +76,7 @@ struct Waiter {
 
 impl Countdowns {
     /// Countdowns for a graph of `ops` ops, armed for no replay.
-    pub(crate) fn new(ops: usize) -> Self {
+    pub fn new(ops: usize) -> Self {
         assert!(
             u32::try_from(ops).is_ok(),
             "a graph has at most 2^32 - 1 ops"
@@ -99,7 +99,7 @@ impl Countdowns {
     /// replay is over (`poll_done` returned Ready): so nothing else touches
     /// the countdowns meanwhile. The stores are published to the ops' threads
     /// by whatever hands them their ops (an executor's queue).
-    pub(crate) fn arm(&self, preds: &[u32]) -> bool {
+    pub fn arm(&self, preds: &[u32]) -> bool {
         debug_assert_eq!(preds.len(), self.pending.len());
         for (p, &n) in self.pending.iter().zip(preds) {
             p.store(n, Relaxed);
@@ -118,7 +118,7 @@ impl Countdowns {
 
     /// One predecessor of op `op` ended.
     #[inline]
-    pub(crate) fn satisfy(&self, op: u32) -> Satisfied {
+    pub fn satisfy(&self, op: u32) -> Satisfied {
         // AcqRel: the thread that sees the count reach zero runs the op, and
         // must see what every predecessor wrote.
         if self.pending[op as usize].fetch_sub(1, AcqRel) == 1 {
@@ -130,7 +130,7 @@ impl Countdowns {
 
     /// An op of the replay ended (after satisfying its successors).
     #[inline]
-    pub(crate) fn op_done(&self) -> Left {
+    pub fn op_done(&self) -> Left {
         // AcqRel: the last op's thread sees every op's effects, and publishes
         // them with the lock below to the awaiter.
         if self.left.fetch_sub(1, AcqRel) != 1 {
@@ -149,7 +149,7 @@ impl Countdowns {
     }
 
     /// Ready once the armed replay is over (at once if none is armed).
-    pub(crate) fn poll_done(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub fn poll_done(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut waiter = self.waiter.lock();
         if waiter.over {
             return Poll::Ready(());
