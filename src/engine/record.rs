@@ -2,7 +2,6 @@
 //! replaying it ([`Graph`], [`Replay`]): the entry to `crate::graph`.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,15 +13,13 @@ use super::handle::OpHandle;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
-    AnyVar, Arena, Buffer, Device, Element, Mode, OpCtx, OpSpec, RecordedBody, Var, edges, in_op,
-    recorded_edges,
+    AnyVar, Buffer, Device, Element, Mode, OpCtx, OpSpec, Var, edges, in_op, recorded_edges,
 };
 use crate::error::{BoxError, Error, VarId};
-use crate::graph::dag::{Access, Dag, HappensBefore};
-use crate::graph::dot::{DotOp, DotVar, to_dot};
-use crate::graph::plan::{self, conflicts_parallel, conflicts_sequential};
-use crate::graph::run::{ReplayBody, Runtime, Schedule};
-use crate::graph::{GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};
+use crate::graph::analysis::{Analysed, Recording, analyse};
+use crate::graph::dot::{DotOp, to_dot};
+use crate::graph::run::ReplayBody;
+use crate::graph::{GraphEdge, GraphOp, MemoryPlan, Order};
 
 /// Graph ids, which their intermediates carry (0: none).
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
@@ -86,12 +83,10 @@ impl Engine {
         }
         let mut recorder = Recorder {
             engine: self,
-            graph: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
-            ops: Vec::new(),
-            boundary: HashMap::new(),
-            buffers: Vec::new(),
-            arena: Arc::new(Arena::default()),
-            order: Order::Parallel,
+            recording: Recording {
+                graph: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
+                ..Recording::default()
+            },
             name: None,
         };
         f(&mut recorder)?;
@@ -99,34 +94,19 @@ impl Engine {
     }
 }
 
-/// What an op recorded so far.
-struct RecordedOp {
-    spec: OpSpec,
-    body: RecordedBody,
-    info: GraphOp,
-}
-
 /// Declares a graph's ops (see [`Engine::record`]).
 pub struct Recorder<'e> {
     engine: &'e Engine,
-    graph: u64,
-    ops: Vec<RecordedOp>,
-    /// The variables from outside, once each: owned, for the replays'
-    /// declarations.
-    boundary: HashMap<VarId, Box<dyn AnyVar>>,
-    /// Per planned buffer: its id, size and alignment.
-    buffers: Vec<(VarId, usize, usize)>,
-    arena: Arc<Arena>,
-    order: Order,
+    recording: Recording,
     name: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Recorder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Recorder")
-            .field("ops", &self.ops.len())
-            .field("buffers", &self.buffers.len())
-            .field("order", &self.order)
+            .field("ops", &self.recording.ops.len())
+            .field("buffers", &self.recording.buffers.len())
+            .field("order", &self.recording.order)
             .finish_non_exhaustive()
     }
 }
@@ -135,7 +115,7 @@ impl<'e> Recorder<'e> {
     /// A new intermediate variable owning `value`. Its value carries over
     /// from one replay to the next; its poison does not.
     pub fn var<T: Send + Sync + 'static>(&mut self, value: T) -> Var<T> {
-        Var::intermediate(self.engine.shared().id, value, self.graph, None)
+        Var::intermediate(self.engine.shared().id, value, self.recording.graph, None)
     }
 
     /// A new plain intermediate variable (a tag).
@@ -148,20 +128,21 @@ impl<'e> Recorder<'e> {
     /// shares with buffers never live at the same time (see
     /// [`Graph::plan`]). Its first op in recorded order must mutate it.
     pub fn buffer<T: Element>(&mut self, len: usize) -> Buffer<T> {
-        let var = Var::intermediate(self.engine.shared().id, (), self.graph, None);
-        let slot = u32::try_from(self.buffers.len()).expect("at most 2^32 buffers");
-        self.buffers.push((
+        let recording = &mut self.recording;
+        let var = Var::intermediate(self.engine.shared().id, (), recording.graph, None);
+        let slot = u32::try_from(recording.buffers.len()).expect("at most 2^32 buffers");
+        recording.buffers.push((
             var.id(),
             len.checked_mul(size_of::<T>())
                 .expect("buffer size overflows"),
             align_of::<T>(),
         ));
-        Buffer::new(var, self.arena.clone(), slot, len)
+        Buffer::new(var, recording.arena.clone(), slot, len)
     }
 
     /// The order replays run the ops in (default [`Order::Parallel`]).
     pub fn order(&mut self, order: Order) -> &mut Self {
-        self.order = order;
+        self.recording.order = order;
         self
     }
 
@@ -204,176 +185,14 @@ impl<'e> Recorder<'e> {
 
     /// Analyses the recording into a graph.
     fn finish(self) -> Result<Graph, Error> {
-        let shared = self.engine.shared().clone();
-        let n = self.ops.len();
-        // Dense variable numbers, in order of first use.
-        let mut numbers: HashMap<VarId, u32> = HashMap::new();
-        let accesses: Vec<Vec<Access>> = self
-            .ops
-            .iter()
-            .map(|op| {
-                op.spec
-                    .edges
-                    .iter()
-                    .map(|e| {
-                        let next = numbers.len() as u32;
-                        Access {
-                            var: *numbers.entry(e.var.id()).or_insert(next),
-                            write: e.is_write(),
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
-        let lists: Vec<&[Access]> = accesses.iter().map(Vec::as_slice).collect();
-        let dag = Dag::build(&lists, self.order == Order::Sequential);
-        let mut ids = vec![VarId(0); numbers.len()];
-        for (&id, &i) in &numbers {
-            ids[i as usize] = id;
-        }
-
-        // Planned buffers: their uses, each first used by a write.
-        let slot_of: HashMap<VarId, usize> = self
-            .buffers
-            .iter()
-            .enumerate()
-            .map(|(slot, &(id, ..))| (id, slot))
-            .collect();
-        let mut buffers: Vec<plan::Buffer> = self
-            .buffers
-            .iter()
-            .map(|&(_, bytes, align)| plan::Buffer {
-                bytes,
-                align,
-                uses: Vec::new(),
-            })
-            .collect();
-        for (i, op) in self.ops.iter().enumerate() {
-            for e in op.spec.edges.iter() {
-                if let Some(&slot) = slot_of.get(&e.var.id()) {
-                    if buffers[slot].uses.is_empty() && !e.is_write() {
-                        return Err(Error::Graph(format!(
-                            "op {i}{} reads buffer {} before any op writes it",
-                            op.info
-                                .name
-                                .as_deref()
-                                .map(|n| format!(" `{n}`"))
-                                .unwrap_or_default(),
-                            e.var.id()
-                        )));
-                    }
-                    buffers[slot].uses.push(i as u32);
-                }
-            }
-        }
-        let planned = match self.order {
-            Order::Sequential => plan::plan(&buffers, conflicts_sequential(&buffers)),
-            Order::Parallel => {
-                let before = HappensBefore::of(&dag);
-                plan::plan(&buffers, conflicts_parallel(&before, &buffers))
-            }
-        };
-        self.arena.set_plan(
-            planned.offsets.clone().into_boxed_slice(),
-            planned.arena_bytes,
-        );
-        let plan = MemoryPlan {
-            arena_bytes: planned.arena_bytes,
-            total_bytes: planned.total_bytes,
-            peak_live_bytes: planned.peak_live_bytes,
-            buffers: self
-                .buffers
-                .iter()
-                .zip(&planned.offsets)
-                .map(|(&(id, bytes, _), &offset)| PlannedBuffer { id, offset, bytes })
-                .collect(),
-        };
-
-        // The boundary's last mutation in the graph: the replay's op counts
-        // its version (so a replay bumps each version as the pushed ops
-        // would).
-        let mut last_write: HashMap<VarId, (usize, usize)> = HashMap::new();
-        for (i, op) in self.ops.iter().enumerate() {
-            for (k, e) in op.spec.edges.iter().enumerate() {
-                if e.is_write() && e.var.graph() == 0 {
-                    last_write.insert(e.var.id(), (i, k));
-                }
-            }
-        }
-        let mut keep_version = vec![0u64; n];
-        for &(i, k) in last_write.values() {
-            if k < 64 {
-                keep_version[i] |= 1 << k;
-            }
-        }
-
-        let edges: Vec<GraphEdge> = dag
-            .edges
-            .iter()
-            .map(|e| GraphEdge {
-                from: e.from as usize,
-                to: e.to as usize,
-                var: ids[e.var as usize],
-                kind: e.kind,
-            })
-            .collect();
-        let schedule = Schedule {
-            preds: dag.pred_count.clone().into_boxed_slice(),
-            succ_start: dag.succ_start.clone().into_boxed_slice(),
-            succ: dag.succ.clone().into_boxed_slice(),
-            roots: dag.roots.clone().into_boxed_slice(),
-        };
-        let mut infos = Vec::with_capacity(n);
-        let mut parts = Vec::with_capacity(n);
-        for (op, keep) in self.ops.into_iter().zip(keep_version) {
-            infos.push(op.info);
-            parts.push((op.spec, op.body, keep));
-        }
-        let runtime = Runtime::new(self.graph, shared, schedule, parts);
-
-        let mut reads = Vec::new();
-        let mut mutates: Vec<Box<dyn AnyVar>> = Vec::new();
-        let mut boundary: Vec<(VarId, bool)> = self
-            .boundary
-            .keys()
-            .map(|&id| (id, last_write.contains_key(&id)))
-            .collect();
-        boundary.sort_unstable();
-        let mut owned = self.boundary;
-        for &(id, mutated) in &boundary {
-            let var = owned.remove(&id).expect("recorded");
-            if mutated {
-                mutates.push(var)
-            } else {
-                reads.push(var)
-            }
-        }
-        let token = Var::new(self.engine.shared().id, ());
-        mutates.push(Box::new(token));
-        let vars: Vec<DotVar> = ids
-            .iter()
-            .map(|&id| DotVar {
-                name: id.to_string(),
-                boundary: boundary.binary_search_by_key(&id, |&(b, _)| b).is_ok(),
-                bytes: slot_of.get(&id).map(|&s| plan.buffers[s].bytes),
-                offset: slot_of.get(&id).map(|&s| plan.buffers[s].offset),
-            })
-            .collect();
+        let shared = self.engine.shared();
+        let mut analysed = analyse(self.recording, shared.clone())?;
+        analysed.mutates.push(Box::new(Var::new(shared.id, ())));
         Ok(Graph {
             inner: Arc::new(GraphInner {
-                runtime,
+                analysed,
                 engine: Arc::downgrade(&self.engine.handle),
-                reads: reads.into_boxed_slice(),
-                mutates: mutates.into_boxed_slice(),
-                ops: infos,
-                edges,
-                dag_edges: dag.edges,
-                vars,
-                plan,
-                boundary,
-                order: self.order,
                 name: self.name,
-                arena: self.arena,
             }),
         })
     }
@@ -461,28 +280,12 @@ impl<'r> RecordOp<'r, '_> {
                 "ops on stream devices cannot be recorded yet: push them".into(),
             ));
         }
-        let edges = recorded_edges(&self.reads, &self.mutates, shared.id, recorder.graph)?;
-        for var in self.mutates.iter().chain(&self.reads) {
-            if var.core().graph() == 0 && !recorder.boundary.contains_key(&var.core().id()) {
-                recorder
-                    .boundary
-                    .insert(var.core().id(), var.to_owned_var());
-            }
-        }
-        let info = GraphOp {
-            name: self.name.as_ref().map(|n| n.to_string()),
-            device: usize::from(device),
-            reads: edges
-                .iter()
-                .filter(|e| !e.is_write())
-                .map(|e| e.var.id())
-                .collect(),
-            mutates: edges
-                .iter()
-                .filter(|e| e.is_write())
-                .map(|e| e.var.id())
-                .collect(),
-        };
+        let edges = recorded_edges(
+            &self.reads,
+            &self.mutates,
+            shared.id,
+            recorder.recording.graph,
+        )?;
         let spec = OpSpec {
             edges,
             units: None,
@@ -493,8 +296,8 @@ impl<'r> RecordOp<'r, '_> {
             mode: Mode::Normal,
             generation: 0,
         };
-        let body: RecordedBody = Box::new(f);
-        recorder.ops.push(RecordedOp { spec, body, info });
+        let vars: Vec<&dyn AnyVar> = self.mutates.iter().chain(&self.reads).copied().collect();
+        recorder.recording.push(spec, Box::new(f), &vars);
         Ok(())
     }
 }
@@ -509,31 +312,20 @@ pub struct Graph {
 }
 
 struct GraphInner {
-    runtime: Arc<Runtime<Shared>>,
+    /// The analysis; its `mutates` ends with the graph's token (so that
+    /// replays of one graph follow each other).
+    analysed: Analysed<Shared>,
     engine: Weak<ShutdownOnDrop>,
-    /// The boundary variables the graph only reads, and those it mutates
-    /// (then the graph's token): what each replay's op declares.
-    reads: Box<[Box<dyn AnyVar>]>,
-    mutates: Box<[Box<dyn AnyVar>]>,
-    ops: Vec<GraphOp>,
-    edges: Vec<GraphEdge>,
-    dag_edges: Vec<crate::graph::dag::DagEdge>,
-    vars: Vec<DotVar>,
-    plan: MemoryPlan,
-    boundary: Vec<(VarId, bool)>,
-    order: Order,
     name: Option<Arc<str>>,
-    arena: Arc<Arena>,
 }
 
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
             .field("name", &self.inner.name)
-            .field("ops", &self.inner.ops.len())
-            .field("edges", &self.inner.edges.len())
-            .field("order", &self.inner.order)
-            .field("arena", &self.inner.arena)
+            .field("ops", &self.inner.analysed.ops.len())
+            .field("edges", &self.inner.analysed.edges.len())
+            .field("arena", &self.inner.analysed.arena)
             .finish()
     }
 }
@@ -570,48 +362,44 @@ impl Graph {
         let inner = &*self.inner;
         let handle = inner.engine.upgrade().ok_or(Error::ShutDown)?;
         let engine = Engine { handle };
-        let reads: Vec<&dyn AnyVar> = inner.reads.iter().map(|v| &**v).collect();
-        let mutates: Vec<&dyn AnyVar> = inner.mutates.iter().map(|v| &**v).collect();
+        let a = &inner.analysed;
+        let reads: Vec<&dyn AnyVar> = a.reads.iter().map(|v| &**v).collect();
+        let mutates: Vec<&dyn AnyVar> = a.mutates.iter().map(|v| &**v).collect();
         let mut spec = OpSpec::new(edges(&reads, &mutates, engine.shared().id)?);
         spec.mode = Mode::Maintenance;
         spec.name = Some(match &inner.name {
             Some(name) => Cow::Owned(format!("replay {name}")),
             None => Cow::Borrowed("replay"),
         });
-        engine.push_spec(spec, ReplayBody::new(inner.runtime.clone()))
+        engine.push_spec(spec, ReplayBody::new(a.runtime.clone()))
     }
 
     /// The recorded ops, in recorded order.
     pub fn ops(&self) -> &[GraphOp] {
-        &self.inner.ops
+        &self.inner.analysed.ops
     }
 
     /// The dependencies between recorded ops (one per pair of ops and
     /// variable), as the analysis found them.
     pub fn edges(&self) -> &[GraphEdge] {
-        &self.inner.edges
+        &self.inner.analysed.edges
     }
 
     /// The boundary variables (from outside the graph), by id, with
     /// whether the graph mutates them.
     pub fn boundary(&self) -> &[(VarId, bool)] {
-        &self.inner.boundary
+        &self.inner.analysed.boundary
     }
 
     /// The memory plan of the graph's planned buffers.
     pub fn plan(&self) -> &MemoryPlan {
-        &self.inner.plan
+        &self.inner.analysed.plan
     }
 
     /// Whether a replay has taken the arena's memory yet (it is taken on
     /// the first access of a planned buffer).
     pub fn is_allocated(&self) -> bool {
-        self.inner.arena.is_allocated()
-    }
-
-    /// The order replays follow.
-    pub fn order(&self) -> Order {
-        self.inner.order
+        self.inner.analysed.arena.is_allocated()
     }
 
     /// The graph in Graphviz's DOT: one box per op (name, index), one
@@ -619,6 +407,7 @@ impl Graph {
     pub fn to_dot(&self) -> String {
         let ops: Vec<DotOp> = self
             .inner
+            .analysed
             .ops
             .iter()
             .enumerate()
@@ -630,8 +419,8 @@ impl Graph {
         to_dot(
             self.inner.name.as_deref().unwrap_or("graph"),
             &ops,
-            &self.inner.vars,
-            &self.inner.dag_edges,
+            &self.inner.analysed.vars,
+            &self.inner.analysed.dag_edges,
         )
     }
 

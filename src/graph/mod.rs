@@ -5,6 +5,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
+//! | `analysis` | a recording, and its analysis into what replays and inspections need |
 //! | `dag` | the dependency DAG of a recording (read-after-write, write-after-read, write-after-write edges, as SINGA builds them), and happens-before between its ops |
 //! | `plan` | the memory plan: offsets of the planned buffers in one arena, shared by buffers never live at once |
 //! | `dot` | the graph in Graphviz's DOT |
@@ -16,6 +17,7 @@
 //! engine (floor 5) records and replays through this layer, and is its
 //! `dep::Host`.
 
+pub(crate) mod analysis;
 pub(crate) mod dag;
 pub(crate) mod dot;
 mod info;
