@@ -240,4 +240,5 @@ pub mod __loom {
         Handle, Harness, Hook, exit_thread, holds_pushed_ops, reclaim_finished,
     };
     pub use crate::device::sim::SimEvent;
+    pub use crate::graph::testing::{HarnessGraph, HarnessRecorder, record};
 }

@@ -133,3 +133,116 @@ fn a_single_ready_successor_is_handed_off_once() {
         replay.cells[2].with(|c| unsafe { assert_eq!(*c, 3) });
     });
 }
+
+/// A replay of a real recorded graph (two roots and a join, through
+/// intermediates, on the no-op host) holds its boundary variable `a` while
+/// another thread pushes a read and a write of `a` behind or before it:
+/// they run in one of the push orders, the replay as one op (never
+/// interleaved with the pushed ones), and loom checks every access to `a`
+/// and to the intermediates.
+/// A variable's value: a cell loom watches.
+struct Value(UnsafeCell<u64>);
+
+// SAFETY: reached only through ops' contexts, under the grants the model
+// checks; loom flags any access they do not order.
+unsafe impl Sync for Value {}
+
+impl Value {
+    fn get(&self) -> u64 {
+        // SAFETY: see `Sync`.
+        self.0.with(|v| unsafe { *v })
+    }
+
+    fn set(&self, value: u64) {
+        // SAFETY: see `Sync`.
+        self.0.with_mut(|v| unsafe { *v = value })
+    }
+}
+
+#[test]
+fn a_boundary_variable_granted_to_a_replay_while_an_op_appends_behind_it() {
+    use depflow::__loom::{Harness, exit_thread, record};
+    use loom::sync::atomic::AtomicBool;
+
+    // Three threads and a graph: bounded tighter than the CI-wide 4 (at 3
+    // it takes about four minutes on 2 cores).
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let h = Harness::new();
+        let a = h.var(Value(UnsafeCell::new(1)));
+        let ka = a.key();
+        let graph = record(&h, |rec| {
+            let (t1, t2) = (rec.var(0u64), rec.var(0u64));
+            let (k1, k2) = (t1.key(), t2.key());
+            rec.push("left", &[&a], &[&t1], move |ctx| {
+                *ctx.write(k1)? = ctx.read(ka)?.get();
+                Ok(())
+            })?;
+            rec.push("right", &[&a], &[&t2], move |ctx| {
+                *ctx.write(k2)? = ctx.read(ka)?.get();
+                Ok(())
+            })?;
+            rec.push("join", &[&t1, &t2], &[&a], move |ctx| {
+                let sum = *ctx.read(k1)? + *ctx.read(k2)?;
+                ctx.write(ka)?.set(sum);
+                Ok(())
+            })
+        })
+        .unwrap();
+        // The main thread and one more run what the ops dispatch, until
+        // the pusher has seen everything done and stops them.
+        let stop = Arc::new(AtomicBool::new(false));
+        let work = |h: &Harness, stop: &AtomicBool| {
+            while !stop.load(AcqRel) {
+                h.run_next();
+            }
+        };
+        let worker = {
+            let (h, stop) = (h.clone(), stop.clone());
+            thread::spawn(move || work(&h, &stop))
+        };
+        let replay = graph.replay().unwrap();
+        let pusher = {
+            let (h, a, stop) = (h.clone(), a.clone(), stop.clone());
+            thread::spawn(move || {
+                let read = h
+                    .push("read", &[&a], &[], move |ctx| Ok(ctx.read(ka)?.get()))
+                    .unwrap();
+                let op = h
+                    .push("times ten", &[], &[&a], move |ctx| {
+                        let a = ctx.write(ka)?;
+                        a.set(a.get() * 10);
+                        Ok(())
+                    })
+                    .unwrap();
+                assert!(replay.wait().unwrap().is_none());
+                op.wait().unwrap();
+                // Before the replay, or after it: never in between.
+                let seen = read.wait().unwrap();
+                assert!(seen == 1 || seen == 2, "{seen}");
+                stop.store(true, AcqRel);
+                // Wake both runners.
+                let last = h.var(());
+                for _ in 0..2 {
+                    h.push("stop", &[], &[&last], |_| Ok(())).unwrap().detach();
+                }
+                exit_thread();
+            })
+        };
+        work(&h, &stop);
+        pusher.join().unwrap();
+        worker.join().unwrap();
+        while h.run_one() {}
+        let value = h
+            .push("get", &[&a], &[], move |ctx| Ok(ctx.read(ka)?.get()))
+            .unwrap();
+        h.run_one();
+        let value = value.wait().unwrap();
+        // Replay first: (1 + 1) * 10; the pushed op first: 10 + 10. An
+        // interleaving would give 11 (`right` reading the pushed op's
+        // write) or 2 (`join` writing over it).
+        assert_eq!(value, 20, "the replay ran as one op");
+        exit_thread();
+    });
+}

@@ -46,7 +46,7 @@ pub enum Hook {
 /// The no-op host: dispatched ops wait in a queue for the model to run
 /// them; failures and retirements are counted; hooks are recorded.
 #[derive(Debug)]
-struct NoopHost {
+pub(crate) struct NoopHost {
     id: u64,
     push_lock: Mutex<()>,
     ready: Mutex<VecDeque<Runner>>,
@@ -184,6 +184,16 @@ impl Harness {
                 granters: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// The no-op host (a recorded graph's runtime runs on it).
+    pub(crate) fn host(&self) -> &Arc<NoopHost> {
+        &self.host
+    }
+
+    /// Pushes an op made of `spec` and `body`.
+    pub(crate) fn push_spec<B: Body>(&self, spec: OpSpec, body: B) -> Handle<B::Output> {
+        Handle(spawn(spec, body, &*self.host))
     }
 
     /// A variable of this host owning `value`.

@@ -10,6 +10,7 @@
 //! | `plan` | the memory plan: offsets of the planned buffers in one arena, shared by buffers never live at once |
 //! | `dot` | the graph in Graphviz's DOT |
 //! | `run` | the runtime: resident tasks, the replay's countdowns, the replay's own op |
+//! | `testing` | (tests and loom) graphs recorded on the no-op host of `dep::testing` |
 //! | `info` | what a [`Graph`](crate::Graph) shows of itself: [`GraphOp`], [`GraphEdge`], [`MemoryPlan`] |
 //!
 //! May import: `crate::loom`, `crate::core`, `crate::error`,
@@ -23,6 +24,8 @@ pub(crate) mod dot;
 mod info;
 pub(crate) mod plan;
 pub(crate) mod run;
+#[cfg(any(test, loom))]
+pub(crate) mod testing;
 
 pub use self::dag::EdgeKind;
 pub use self::info::{GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};
