@@ -116,6 +116,7 @@ mod resource;
 
 mod dep;
 
+mod graph;
 mod trace;
 
 mod engine;

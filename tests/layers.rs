@@ -17,7 +17,8 @@ const FLOORS: &[(&str, u8)] = &[
     ("device", 2),
     ("dep", 3),
     ("trace", 4),
-    // The planned recorded graphs (`graph`) go here too, beside `trace`.
+    // Recorded graphs, beside `trace`.
+    ("graph", 4),
     ("engine", 5),
     // The planned data-parallel helpers (`parallel`) go above, on the
     // public API; the MPI communicator (`comm`) inside `device`.

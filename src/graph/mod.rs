@@ -1,0 +1,3 @@
+//! (temporary) recorded graphs' analysis
+pub(crate) mod dag;
+pub(crate) mod plan;
