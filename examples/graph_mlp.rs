@@ -8,28 +8,33 @@
 //!
 //! ```text
 //! cargo run --release --example graph_mlp
-//! cargo run --release --example graph_mlp -- --epochs 20
+//! cargo run --release --example graph_mlp -- --epochs 20 --dot step.dot
 //! ```
 //!
 //! A step is written once, in `train_step`, against the small `Sink`
 //! trait: the `Dynamic` sink pushes each op as it comes (a fresh variable per
-//! intermediate, every step); a recorded sink (issue 13) records it once and
-//! replays it per batch, its intermediates planned in one arena. The
-//! recorded path plugs in at `recorded` (marked below); until then the
-//! example runs the dynamic path and says so where replay figures go.
+//! intermediate, every step); the `Recording` sink records it once
+//! (`Engine::record`) and the training loop replays it per batch, its
+//! intermediates planned buffers in one arena. Both train from the same
+//! start.
 //!
 //! It prints the mean training loss per epoch (falling) and the test
-//! accuracy, the time per iteration, and the intermediates' memory without a
-//! plan. It exits non-zero if the weights after one epoch differ (bit for
-//! bit) from a serial reference of the same math without the engine, or if
-//! the final test accuracy is below `MIN_ACCURACY`.
+//! accuracy, for both paths; the time per iteration of each; the
+//! intermediates' memory without a plan and with the plans of both orders;
+//! and with `--dot PATH` the graph in DOT (and an SVG beside it when
+//! Graphviz is installed). It exits non-zero if the weights after one epoch
+//! differ (bit for bit) from a serial reference of the same math without the
+//! engine, on either path, or if the final test accuracy is below
+//! `MIN_ACCURACY`.
 
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use depflow::{AnyVar, BoxError, Engine, Error, OpCtx, Var};
+use depflow::{
+    AnyVar, BoxError, Buffer, Engine, Error, OpCtx, Order, Recorder, Var, VarMut, VarRef,
+};
 
 /// Layer widths: 64 pixels in, two ReLU layers, 10 classes out.
 const DIMS: [usize; 4] = [64, 128, 64, 10];
@@ -138,8 +143,111 @@ impl Sink for Dynamic<'_> {
     }
 }
 
-// ---- The recorded path (issue 13) plugs in here: `recorded` and a second
-// `impl Sink`. Everything else already runs either path.
+// ---- The recorded path: the same step recorded once, replayed per batch.
+
+/// A recorded step's tensor: a boundary variable, or a planned buffer.
+#[derive(Clone)]
+enum Planned {
+    Var(Tsr),
+    Buf(Buffer<f32>),
+}
+
+impl Planned {
+    fn any(&self) -> &dyn AnyVar {
+        match self {
+            Planned::Var(v) => v,
+            Planned::Buf(b) => b,
+        }
+    }
+}
+
+/// A read guard of either kind, seen as a slice.
+enum Shared<'c> {
+    Var(Slice<VarRef<'c, Vec<f32>>>),
+    Buf(VarRef<'c, [f32]>),
+}
+
+impl Deref for Shared<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            Shared::Var(g) => g,
+            Shared::Buf(g) => g,
+        }
+    }
+}
+
+/// A write guard of either kind, seen as a slice.
+enum Unique<'c> {
+    Var(Slice<VarMut<'c, Vec<f32>>>),
+    Buf(VarMut<'c, [f32]>),
+}
+
+impl Deref for Unique<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            Unique::Var(g) => g,
+            Unique::Buf(g) => g,
+        }
+    }
+}
+
+impl DerefMut for Unique<'_> {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match self {
+            Unique::Var(g) => g,
+            Unique::Buf(g) => g,
+        }
+    }
+}
+
+impl Tensor for Planned {
+    fn read<'c>(&self, ctx: &'c OpCtx) -> Result<impl Deref<Target = [f32]> + 'c, Error> {
+        Ok(match self {
+            Planned::Var(v) => Shared::Var(Slice(ctx.read(v)?)),
+            Planned::Buf(b) => Shared::Buf(ctx.buffer(b)?),
+        })
+    }
+    fn write<'c>(&self, ctx: &'c OpCtx) -> Result<impl DerefMut<Target = [f32]> + 'c, Error> {
+        Ok(match self {
+            Planned::Var(v) => Unique::Var(Slice(ctx.write(v)?)),
+            Planned::Buf(b) => Unique::Buf(ctx.buffer_mut(b)?),
+        })
+    }
+}
+
+/// The recording path: ops recorded, intermediates planned buffers.
+struct Recording<'r, 'e>(&'r mut Recorder<'e>);
+
+impl Sink for Recording<'_, '_> {
+    type T = Planned;
+    fn var(&mut self, var: &Tsr) -> Planned {
+        Planned::Var(var.clone())
+    }
+    fn tensor(&mut self, _name: &'static str, len: usize) -> Planned {
+        Planned::Buf(self.0.buffer(len))
+    }
+    fn op<F>(
+        &mut self,
+        name: &'static str,
+        reads: &[&Planned],
+        mutates: &[&Planned],
+        body: F,
+    ) -> Res
+    where
+        F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
+    {
+        let reads: Vec<&dyn AnyVar> = reads.iter().map(|t| t.any()).collect();
+        let mutates: Vec<&dyn AnyVar> = mutates.iter().map(|t| t.any()).collect();
+        self.0
+            .op()
+            .name(name)
+            .reads(&reads)
+            .mutates(&mutates)
+            .run(body)
+    }
+}
 
 /// A recorded training step, replayed once per batch.
 struct Recorded<'a> {
@@ -149,18 +257,53 @@ struct Recorded<'a> {
     arena_bytes: usize,
 }
 
-/// Records `train_step(&mut sink, model)` once through a recording sink
-/// (its intermediates the graph's planned buffers), writes the graph's DOT
-/// to `dot` (and an SVG beside it when Graphviz is installed), and returns
-/// the replay. `None` while the engine records no graphs: then only the
-/// dynamic path runs, and the output says so where replay figures go.
-fn recorded<'a>(
-    engine: &'a Engine,
-    model: &'a Model,
+/// Records `train_step(&mut sink, model)` once (its intermediates the
+/// graph's planned buffers), writes the graph's DOT to `dot` (and an SVG
+/// beside it when Graphviz is installed), and returns the replay.
+fn recorded(
+    engine: &Engine,
+    model: &Model,
+    order: Order,
     dot: Option<&Path>,
-) -> Res<Option<Recorded<'a>>> {
-    let _ = (engine, model, dot);
-    Ok(None)
+) -> Res<Recorded<'static>> {
+    let graph = engine.record(|rec| {
+        rec.name("training step").order(order);
+        train_step(&mut Recording(rec), model)
+    })?;
+    let plan = graph.plan();
+    println!(
+        "recorded ({order:?} order): {} ops, {} edges; planned arena {} of {} bytes",
+        graph.ops().len(),
+        graph.edges().len(),
+        plan.arena_bytes,
+        plan.total_bytes
+    );
+    if let Some(path) = dot {
+        graph.write_dot(path)?;
+        let svg = path.with_extension("svg");
+        match std::process::Command::new("dot")
+            .arg("-Tsvg")
+            .arg(path)
+            .arg("-o")
+            .arg(&svg)
+            .status()
+        {
+            Ok(s) if s.success() => println!("wrote {} and {}", path.display(), svg.display()),
+            _ => println!(
+                "wrote {} (no SVG: Graphviz's `dot` is not installed)",
+                path.display()
+            ),
+        }
+    }
+    Ok(Recorded {
+        arena_bytes: plan.arena_bytes,
+        // Not waited for: the next load op queues behind the replay on `x`,
+        // and failures show in `wait_all`.
+        replay: Box::new(move || {
+            drop(graph.replay());
+            Ok(())
+        }),
+    })
 }
 
 // ---- One training step, written once for every sink.
@@ -634,23 +777,18 @@ fn run() -> Result<(), BoxError> {
 
     // The same training replayed from one recording, from the same start.
     let model = Model::new(&engine, &init);
-    let (mut replay, mut planned) = (None, None);
-    match recorded(&engine, &model, dot.as_deref())? {
-        Some(mut rec) => {
-            replay = Some(train(context, &model, epochs, "replay", &mut rec.replay)?);
-            planned = Some(rec.arena_bytes);
-        }
-        None if dot.is_some() => Err("--dot: this build records no graph (issue 13)")?,
-        None => {}
-    }
+    // In parallel order two buffers share memory only if every use of one
+    // comes before every use of the other in the DAG: here the weight
+    // gradients may run any time after their layer's backward step, so
+    // little is shared. The recorded order (one op at a time) shares more.
+    let parallel = recorded(&engine, &model, Order::Parallel, None)?.arena_bytes;
+    let mut rec = recorded(&engine, &model, Order::Sequential, dot.as_deref())?;
+    let replay = train(context, &model, epochs, "replay", &mut rec.replay)?;
+    let planned = rec.arena_bytes;
 
-    let none = || "- (no recorded path in this build)".to_string();
     let us = |t: Duration| format!("{:.1} us", t.as_secs_f64() * 1e6);
     println!("time per iteration, dynamic: {}", us(dynamic));
-    println!(
-        "time per iteration, replay:  {}",
-        replay.map_or_else(none, us)
-    );
+    println!("time per iteration, replay:  {}", us(replay));
     println!("intermediates' memory, no plan: {unplanned} bytes (a buffer each)");
     let less = |b: usize| {
         format!(
@@ -659,8 +797,12 @@ fn run() -> Result<(), BoxError> {
         )
     };
     println!(
-        "intermediates' memory, planned: {}",
-        planned.map_or_else(none, less)
+        "intermediates' memory, planned (parallel order): {}",
+        less(parallel)
+    );
+    println!(
+        "intermediates' memory, planned (sequential order): {}",
+        less(planned)
     );
     Ok(())
 }
