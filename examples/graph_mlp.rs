@@ -225,8 +225,8 @@ impl Sink for Recording<'_, '_> {
     fn var(&mut self, var: &Tsr) -> Planned {
         Planned::Var(var.clone())
     }
-    fn tensor(&mut self, _name: &'static str, len: usize) -> Planned {
-        Planned::Buf(self.0.buffer(len))
+    fn tensor(&mut self, name: &'static str, len: usize) -> Planned {
+        Planned::Buf(self.0.buffer_named(name, len))
     }
     fn op<F>(
         &mut self,
@@ -661,10 +661,15 @@ fn reference_epoch(mut p: Params, data: &Data) -> Params {
 
 impl Model {
     fn new(engine: &Engine, p: &Params) -> Self {
-        let vars = |vs: &[Vec<f32>]| vs.iter().map(|v| engine.var(v.clone())).collect();
+        let vars = |vs: &[Vec<f32>], prefix: &str| {
+            let named = |(k, v): (usize, &Vec<f32>)| {
+                engine.var_named(format!("{prefix}{}", k + 1), v.clone())
+            };
+            vs.iter().enumerate().map(named).collect()
+        };
         Model {
-            w: vars(&p.w),
-            b: vars(&p.b),
+            w: vars(&p.w, "W"),
+            b: vars(&p.b, "b"),
             x: engine.var_named("x", vec![0.0; BATCH * DIMS[0]]),
             y: engine.var_named("y", vec![0.0; BATCH]),
             loss: engine.var_named("loss", vec![0.0]),

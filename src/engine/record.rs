@@ -128,8 +128,18 @@ impl<'e> Recorder<'e> {
     /// shares with buffers never live at the same time (see
     /// [`Graph::plan`]). Its first op in recorded order must mutate it.
     pub fn buffer<T: Element>(&mut self, len: usize) -> Buffer<T> {
+        self.make_buffer(len, None)
+    }
+
+    /// [`buffer`](Self::buffer), named `name` in errors and the graph's
+    /// DOT (as [`Engine::var_named`] names a variable).
+    pub fn buffer_named<T: Element>(&mut self, name: &str, len: usize) -> Buffer<T> {
+        self.make_buffer(len, Some(name.into()))
+    }
+
+    fn make_buffer<T: Element>(&mut self, len: usize, name: Option<Arc<str>>) -> Buffer<T> {
         let recording = &mut self.recording;
-        let var = Var::intermediate(self.engine.shared().id, (), recording.graph, None);
+        let var = Var::intermediate(self.engine.shared().id, (), recording.graph, name);
         let slot = u32::try_from(recording.buffers.len()).expect("at most 2^32 buffers");
         recording.buffers.push((
             var.id(),
