@@ -289,23 +289,15 @@ impl<'e> Recorder<'e> {
                 .collect(),
         };
 
-        // The boundary's last mutation in the graph: the replay's op counts
-        // its version (so a replay bumps each version as the pushed ops
-        // would).
-        let mut last_write: HashMap<VarId, (usize, usize)> = HashMap::new();
-        for (i, op) in self.ops.iter().enumerate() {
-            for (k, e) in op.spec.edges.iter().enumerate() {
-                if e.is_write() && e.var.graph() == 0 {
-                    last_write.insert(e.var.id(), (i, k));
-                }
-            }
-        }
-        let mut keep_version = vec![0u64; n];
-        for &(i, k) in last_write.values() {
-            if k < 64 {
-                keep_version[i] |= 1 << k;
-            }
-        }
+        // The boundary variables some op mutates: the replay's op mutates
+        // them (and counts no version: the recorded ops count theirs).
+        let mutated: std::collections::HashSet<VarId> = self
+            .ops
+            .iter()
+            .flat_map(|op| op.spec.edges.iter())
+            .filter(|e| e.is_write() && e.var.graph() == 0)
+            .map(|e| e.var.id())
+            .collect();
 
         let edges: Vec<GraphEdge> = dag
             .edges
@@ -325,9 +317,9 @@ impl<'e> Recorder<'e> {
         };
         let mut infos = Vec::with_capacity(n);
         let mut parts = Vec::with_capacity(n);
-        for (op, keep) in self.ops.into_iter().zip(keep_version) {
+        for op in self.ops {
             infos.push(op.info);
-            parts.push((op.spec, op.body, keep));
+            parts.push((op.spec, op.body));
         }
         let runtime = Runtime::new(self.graph, shared, schedule, parts);
 
@@ -336,7 +328,7 @@ impl<'e> Recorder<'e> {
         let mut boundary: Vec<(VarId, bool)> = self
             .boundary
             .keys()
-            .map(|&id| (id, last_write.contains_key(&id)))
+            .map(|&id| (id, mutated.contains(&id)))
             .collect();
         boundary.sort_unstable();
         let mut owned = self.boundary;
@@ -573,7 +565,7 @@ impl Graph {
         let reads: Vec<&dyn AnyVar> = inner.reads.iter().map(|v| &**v).collect();
         let mutates: Vec<&dyn AnyVar> = inner.mutates.iter().map(|v| &**v).collect();
         let mut spec = OpSpec::new(edges(&reads, &mutates, engine.shared().id)?);
-        spec.mode = Mode::Maintenance;
+        spec.mode = Mode::Replay;
         spec.name = Some(match &inner.name {
             Some(name) => Cow::Owned(format!("replay {name}")),
             None => Cow::Borrowed("replay"),
