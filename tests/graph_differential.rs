@@ -27,9 +27,10 @@
 //! Compared: each pushed step's outcome; each replay's Ok/Err against its
 //! ops' outcomes in the reference (Err iff some op failed or was skipped,
 //! and the error is one of theirs); every boundary variable's final value
-//! or poison (with the failing op's name) and version; the intermediates'
-//! values (each exported at its graph's end into a boundary variable); the
-//! number of failures `wait_all` reports.
+//! or poison (with the failing op's name) and version (which the ops see
+//! too: each folds its boundary variables' versions into its outputs); the
+//! intermediates' values (each exported at its graph's end into a boundary
+//! variable); the number of failures `wait_all` reports.
 //!
 //! The buffer checker: every write fills a buffer with a stamp (its owner,
 //! the iteration, a value derived from the op's inputs) and every read
@@ -38,11 +39,11 @@
 //! feed the outputs). Seen failing: with the conflict relations of
 //! `src/graph/plan.rs` made to return `false`, the test fails at once.
 //!
-//! Every executor (pools of 1 and 2, inline, custom: spawn-per-job and a
-//! thread pool), both orders, ops on a second CPU device, and 1 to 3
+//! Every executor (pools of 1 and 2, inline, custom: spawn-per-job, a
+//! thread pool and run-at-once, tokio with its feature), both orders, ops on a second CPU device, and 1 to 3
 //! threads recording and replaying their own graphs at once.
 //!
-//! Seeds: 0..N with N = `DEPFLOW_GRAPH_SEEDS` (default 300);
+//! Seeds: 0..N with N = `DEPFLOW_GRAPH_SEEDS` (default 200);
 //! `DEPFLOW_GRAPH_SEED=s` runs seed `s` only. A failure prints the seed,
 //! the executor and the programs.
 
@@ -568,8 +569,9 @@ fn compute(op: u64, k: usize, old: u64, inputs: u64) -> u64 {
 }
 
 /// The body of every op, recorded or pushed: reads its inputs (checking
-/// the buffers' stamps), fails if it is its iteration to, writes each
-/// output from the inputs and its old value (stamping the buffers).
+/// the buffers' stamps) and its boundary variables' versions, fails if it
+/// is its iteration to, writes each output from all that and its old value
+/// (stamping the buffers).
 fn body<S: Store>(
     ctx: &OpCtx,
     op: &Op,
@@ -591,6 +593,13 @@ fn body<S: Store>(
             s => *ctx.read(vars.var(s))?,
         };
         inputs = inputs.wrapping_mul(0x100_0000_01B3).wrapping_add(v);
+    }
+    // The versions of its boundary variables, as the op sees them: those a
+    // pushed op would see.
+    for &s in op.reads.iter().chain(&op.mutates) {
+        if let Slot::B(_) | Slot::S(_) = s {
+            inputs = inputs.wrapping_mul(31).wrapping_add(vars.var(s).version());
+        }
     }
     let fails = op.fails(iteration);
     match op.fail {
@@ -626,7 +635,8 @@ fn body<S: Store>(
 
 // ---- running a program ----
 
-/// How an op, a replay or a wait ended.
+/// How an op, a replay or a wait ended (a failure as its op's name and
+/// message).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Outcome {
     Ok,
@@ -635,7 +645,7 @@ enum Outcome {
 }
 
 fn outcome(r: Result<(), Error>) -> Outcome {
-    let name = |f: &depflow::OpFailure| f.op_name().unwrap_or("?").to_string();
+    let name = |f: &depflow::OpFailure| format!("{}: {}", f.op_name().unwrap_or("?"), f.message());
     match r {
         Ok(()) => Outcome::Ok,
         Err(Error::Failed(f)) => Outcome::Failed(name(&f)),
@@ -687,7 +697,9 @@ fn final_state(engine: &Engine, var: &Var<u64>) -> (State, u64) {
     let read = engine.push(&[var], &[], move |ctx| Ok(*ctx.read(&v)?));
     let state = match read.unwrap().wait() {
         Ok(x) => State::Live(x),
-        Err(Error::Poisoned(f)) => State::Poisoned(f.op_name().unwrap_or("?").to_string()),
+        Err(Error::Poisoned(f)) => {
+            State::Poisoned(format!("{}: {}", f.op_name().unwrap_or("?"), f.message()))
+        }
         Err(e) => panic!("reading a final value: {e}"),
     };
     (state, var.version())
@@ -1006,6 +1018,29 @@ fn engines() -> Vec<(&'static str, Engine)> {
                 custom_pool(2),
             ),
         ),
+        (
+            "custom-now",
+            // Jobs run at once, on the thread that made them ready.
+            build(
+                Executor::custom(|job| {
+                    job.run();
+                }),
+                Executor::custom(|job| {
+                    job.run();
+                }),
+            ),
+        ),
+        #[cfg(feature = "tokio")]
+        ("tokio", {
+            // Kept for the test's life: the engine's ops run on it.
+            let rt = Box::leak(Box::new(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .build()
+                    .unwrap(),
+            ));
+            build(Executor::tokio(rt.handle().clone()), Executor::pool(1))
+        }),
     ]
 }
 
@@ -1102,7 +1137,7 @@ fn seeds() -> Vec<u64> {
     let env = |name| std::env::var(name).ok().and_then(|s| s.parse::<u64>().ok());
     match (env("DEPFLOW_GRAPH_SEED"), env("DEPFLOW_GRAPH_SEEDS")) {
         (Some(seed), _) => vec![seed],
-        (None, n) => (0..n.unwrap_or(300)).collect(),
+        (None, n) => (0..n.unwrap_or(200)).collect(),
     }
 }
 
@@ -1112,7 +1147,9 @@ fn replays_match_the_same_ops_pushed() {
     let seeds = seeds();
     let cov = Arc::new(Coverage::default());
     let reference = reference();
-    for (i, (name, engine)) in engines().into_iter().enumerate() {
+    let engines = engines();
+    let executors = engines.len();
+    for (i, (name, engine)) in engines.into_iter().enumerate() {
         let (seeds, cov, reference) = (seeds.clone(), cov.clone(), reference.clone());
         within(300, move || {
             for seed in seeds {
@@ -1134,8 +1171,9 @@ fn replays_match_the_same_ops_pushed() {
     }
     let c = |a: &AtomicU64| a.load(SeqCst);
     eprintln!(
-        "{} seeds x 4 executors: {} replays ok, {} failed, {} failures, {} shared plans, {} buffer reads checked",
+        "{} seeds x {} executors: {} replays ok, {} failed, {} failures, {} shared plans, {} buffer reads checked",
         seeds.len(),
+        executors,
         c(&cov.replays_ok),
         c(&cov.replays_err),
         c(&cov.failures),
@@ -1143,7 +1181,7 @@ fn replays_match_the_same_ops_pushed() {
         c(&cov.verified)
     );
     // The run exercised what it compares (with the default seeds).
-    if seeds.len() >= 300 {
+    if seeds.len() >= 200 {
         assert!(c(&cov.replays_ok) > 0 && c(&cov.replays_err) > 0);
         assert!(c(&cov.failures) > 0);
         assert!(c(&cov.shared_plans) > 0, "no plan shared memory");
