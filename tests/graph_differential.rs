@@ -1151,7 +1151,9 @@ fn replays_match_the_same_ops_pushed() {
     let executors = engines.len();
     for (i, (name, engine)) in engines.into_iter().enumerate() {
         let (seeds, cov, reference) = (seeds.clone(), cov.clone(), reference.clone());
-        within(300, move || {
+        // A generous bound (a seed takes some 20 ms in debug): a hang fails.
+        let secs = 120 + seeds.len() as u64 / 10;
+        within(secs, move || {
             for seed in seeds {
                 // Both orders on every executor, alternating by seed.
                 let order = if (seed + i as u64) % 2 == 0 {
