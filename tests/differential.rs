@@ -37,7 +37,7 @@ use std::time::Duration;
 use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use common::{Rng, engines, within};
+use common::{Rng, engines, mix, within};
 use depflow::{AnyVar, Engine, Error, Lane, Resource, Var};
 
 /// A variable's value: a cell that device work updates in stream order.
@@ -126,13 +126,6 @@ enum State {
     Live(u64),
     Poisoned(String),
     Deleted,
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The value an op writes to its `k`-th mutated variable.

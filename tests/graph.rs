@@ -237,3 +237,52 @@ fn buffers_are_planned_and_shared() {
     let dot = graph.to_dot();
     assert_eq!(dot.matches("->").count(), graph.edges().len());
 }
+
+#[test]
+fn an_op_after_the_last_write_sees_the_version_a_push_would() {
+    let engine = engine(2);
+    let (y, seen) = (engine.var(0u64), engine.var(0u64));
+    let graph = engine
+        .record(|rec| {
+            rec.op().name("write").mutates(&[&y]).run({
+                let y = y.key();
+                move |ctx| {
+                    *ctx.write(y)? += 1;
+                    Ok(())
+                }
+            })?;
+            rec.op()
+                .name("observe")
+                .reads(&[&y])
+                .mutates(&[&seen])
+                .run({
+                    let (y, seen) = (y.clone(), seen.key());
+                    move |ctx| {
+                        *ctx.write(seen)? = y.version();
+                        Ok(())
+                    }
+                })
+        })
+        .unwrap();
+    for i in 1..=3 {
+        graph.replay().wait().unwrap();
+        // Pushed, `observe` would run after `write` had counted its mutation.
+        assert_eq!(engine.get(&seen).wait().unwrap(), i, "replay {i}");
+        assert_eq!(y.version(), i);
+    }
+}
+
+#[test]
+fn a_replay_counts_each_mutation_once_on_an_op_with_many_variables() {
+    let engine = engine(1);
+    let vars: Vec<Var<u8>> = (0..70).map(|_| engine.var(0)).collect();
+    let decl: Vec<&dyn depflow::AnyVar> = vars.iter().map(|v| v as _).collect();
+    let graph = engine
+        .record(|rec| rec.push(&[], &decl, |_| Ok(())))
+        .unwrap();
+    graph.replay().wait().unwrap();
+    graph.replay().wait().unwrap();
+    for (i, v) in vars.iter().enumerate() {
+        assert_eq!(v.version(), 2, "variable {i}");
+    }
+}

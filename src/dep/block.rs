@@ -100,6 +100,12 @@ pub(crate) enum Mode {
     /// caller's answer, not a failure to report (`lifecycle::skip`); and the
     /// host does not count it toward its bound on ops in flight.
     Wait = WAIT,
+    /// A recorded graph's replay (`crate::graph::run`): runs even on
+    /// poisoned inputs, as `Maintenance` does (its recorded ops skip
+    /// themselves), and its end counts no mutation of the variables it
+    /// mutates: its recorded ops count theirs as they end, as pushed ops
+    /// would.
+    Replay = REPLAY,
 }
 
 /// Everything an op is made of, as the engine's builders fill it in.
@@ -163,9 +169,9 @@ const GENERATION: u8 = 1;
 /// `OpBlock::flags`: the name was leaked from an owned string.
 const NAME_OWNED: u8 = 2;
 /// `OpBlock::flags`: the bits above this hold the op's kind: `NORMAL`,
-/// `MAINTENANCE`, `WAIT`, or `FIRST_LANE` plus its lane on a stream device
-/// (lanes are fewer than 31, so the kind is below 64). Only `Mode::Normal`
-/// ops run on stream devices.
+/// `MAINTENANCE`, `WAIT`, `REPLAY`, or `FIRST_LANE` plus its lane on a
+/// stream device (lanes are fewer than 31, so the kind is below 64). Only
+/// `Mode::Normal` ops run on stream devices.
 const KIND_SHIFT: u8 = 2;
 /// The kind of a `Mode::Normal` op on a host device.
 const NORMAL: u8 = 0;
@@ -173,8 +179,10 @@ const NORMAL: u8 = 0;
 const MAINTENANCE: u8 = 1;
 /// The kind of a `Mode::Wait` op.
 const WAIT: u8 = 2;
+/// The kind of a `Mode::Replay` op.
+const REPLAY: u8 = 3;
 /// The kind of an op on lane 0 of a stream device.
-const FIRST_LANE: u8 = 3;
+const FIRST_LANE: u8 = 4;
 
 /// An op's metadata, stored in its task's header.
 pub(crate) struct OpBlock {
@@ -258,7 +266,14 @@ impl OpBlock {
     /// Whether the op runs even on poisoned inputs.
     #[inline]
     pub(crate) fn is_maintenance(&self) -> bool {
-        self.flags >> KIND_SHIFT == MAINTENANCE
+        matches!(self.flags >> KIND_SHIFT, MAINTENANCE | REPLAY)
+    }
+
+    /// Whether the op's end counts a mutation of each variable it mutates:
+    /// every op's but a replay's (`Mode::Replay`).
+    #[inline]
+    pub(crate) fn counts_versions(&self) -> bool {
+        self.flags >> KIND_SHIFT != REPLAY
     }
 
     /// Whether the op is the host's wait for a variable (`Mode::Wait`).
@@ -556,7 +571,12 @@ mod tests {
         for generation in [0, 1] {
             let m = block(Mode::Maintenance, None, generation, None);
             assert!(m.is_maintenance() && !m.is_wait() && m.lane().is_none());
+            assert!(m.counts_versions());
             assert_eq!(m.generation(), generation);
+            let r = block(Mode::Replay, None, generation, None);
+            assert!(r.is_maintenance() && !r.is_wait() && r.lane().is_none());
+            assert!(!r.counts_versions());
+            assert_eq!(r.generation(), generation);
             let w = block(Mode::Wait, None, generation, Some(Cow::Borrowed("w")));
             assert!(w.is_wait() && !w.is_maintenance() && w.lane().is_none());
             assert_eq!(w.generation(), generation);

@@ -193,11 +193,14 @@ fn release_grants<H: Host>(op: &OpBlock, host: &H) {
 #[inline]
 pub(super) fn release_edges<H: Host>(op: &OpBlock, host: &H) {
     let cx = Granter { host, by: Some(op) };
+    let counts = op.counts_versions();
     for e in op.edges() {
         // SAFETY: each edge was granted and is completed exactly once, here.
         unsafe {
             if e.is_write() {
-                e.var.bump_version();
+                if counts {
+                    e.var.bump_version();
+                }
                 e.var.chain.complete_write(&e.edge, &cx);
             } else {
                 e.var.chain.complete_read(&cx);

@@ -188,18 +188,13 @@ impl<D: Driver> Future for ResidentFuture<D> {
 /// Runs recorded op `op` once, on the calling thread: skipped if an input
 /// is poisoned or deleted, else its body, panics caught. A failure poisons
 /// what it mutates (and is recorded by the host); every mutated variable's
-/// version is counted, but those in `keep_version` (a bit per edge: the
-/// replay's own op counts them).
+/// version is counted, as a pushed op's end counts it (the replay's own op,
+/// a `Mode::Replay` op, counts none).
 ///
 /// The caller guarantees that the op may touch its variables now: every
 /// op it depends on in the replay has ended, and the replay holds the
 /// grants of its variables from outside the graph.
-pub(crate) fn run_recorded<H: Host>(
-    op: &OpBlock,
-    body: &RecordedBody,
-    keep_version: u64,
-    host: &H,
-) -> Ran {
+pub(crate) fn run_recorded<H: Host>(op: &OpBlock, body: &RecordedBody, host: &H) -> Ran {
     let ran = match op.blocked_by(false) {
         Some(Skip::Poisoned(cause)) => {
             op.fail(&cause);
@@ -228,10 +223,8 @@ pub(crate) fn run_recorded<H: Host>(
             }
         }
     };
-    for (i, e) in op.edges().iter().enumerate() {
-        if e.is_write() && (i >= 64 || keep_version & (1 << i) == 0) {
-            e.var.bump_version();
-        }
+    for e in op.edges().iter().filter(|e| e.is_write()) {
+        e.var.bump_version();
     }
     ran
 }

@@ -376,7 +376,7 @@ impl Graph {
         let reads: Vec<&dyn AnyVar> = a.reads.iter().map(|v| &**v).collect();
         let mutates: Vec<&dyn AnyVar> = a.mutates.iter().map(|v| &**v).collect();
         let mut spec = OpSpec::new(edges(&reads, &mutates, engine.shared().id)?);
-        spec.mode = Mode::Maintenance;
+        spec.mode = Mode::Replay;
         spec.name = Some(match &inner.name {
             Some(name) => Cow::Owned(format!("replay {name}")),
             None => Cow::Borrowed("replay"),

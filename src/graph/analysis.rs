@@ -124,23 +124,14 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
     let (planned, plan, slot_of) = plan_buffers(&ops, &declared, &dag, order)?;
     arena.set_plan(planned.offsets.into_boxed_slice(), planned.arena_bytes);
 
-    // A replay's op counts the version of each boundary variable once: so
-    // the recorded op mutating it last does not (a replay then advances
-    // each version as the pushed ops would).
-    let mut last_write: HashMap<VarId, (usize, usize)> = HashMap::new();
-    for (i, op) in ops.iter().enumerate() {
-        for (k, e) in op.spec.edges.iter().enumerate() {
-            if e.is_write() && e.var.graph() == 0 {
-                last_write.insert(e.var.id(), (i, k));
-            }
-        }
-    }
-    let mut keep_version = vec![0u64; ops.len()];
-    for &(i, k) in last_write.values() {
-        if k < 64 {
-            keep_version[i] |= 1 << k;
-        }
-    }
+    // The boundary variables some op mutates: the replay's op mutates them
+    // (and counts no version: the recorded ops count theirs).
+    let mutated: std::collections::HashSet<VarId> = ops
+        .iter()
+        .flat_map(|op| op.spec.edges.iter())
+        .filter(|e| e.is_write() && e.var.graph() == 0)
+        .map(|e| e.var.id())
+        .collect();
 
     let edges = dag
         .edges
@@ -160,15 +151,15 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
     };
     let mut infos = Vec::with_capacity(ops.len());
     let mut parts = Vec::with_capacity(ops.len());
-    for (op, keep) in ops.into_iter().zip(keep_version) {
+    for op in ops {
         infos.push(op.info);
-        parts.push((op.spec, op.body, keep));
+        parts.push((op.spec, op.body));
     }
     let runtime = Runtime::new(graph, host, schedule, parts);
 
     let mut boundary: Vec<(VarId, bool)> = owned
         .keys()
-        .map(|&id| (id, last_write.contains_key(&id)))
+        .map(|&id| (id, mutated.contains(&id)))
         .collect();
     boundary.sort_unstable();
     let (mut reads, mut mutates) = (Vec::new(), Vec::new());

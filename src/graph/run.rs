@@ -38,9 +38,6 @@ use crate::loom::sync::Mutex;
 pub(crate) struct Step {
     pub(crate) resident: Resident,
     pub(crate) body: RecordedBody,
-    /// A bit per edge whose variable's version the replay's op counts
-    /// instead (the last mutation of a boundary variable).
-    pub(crate) keep_version: u64,
     pub(crate) device: u16,
 }
 
@@ -88,13 +85,12 @@ impl<H: Host> std::fmt::Debug for Runtime<H> {
 
 impl<H: Host> Runtime<H> {
     /// The runtime of graph `graph` on `host`: one step per recorded op,
-    /// made of its spec, its body and its `keep_version` bits, with its
-    /// resident task.
+    /// made of its spec and its body, with its resident task.
     pub(crate) fn new(
         graph: u64,
         host: Arc<H>,
         schedule: Schedule,
-        ops: Vec<(OpSpec, RecordedBody, u64)>,
+        ops: Vec<(OpSpec, RecordedBody)>,
     ) -> Arc<Self> {
         let n = ops.len();
         Arc::new_cyclic(|me| {
@@ -102,7 +98,7 @@ impl<H: Host> Runtime<H> {
             let steps = ops
                 .into_iter()
                 .enumerate()
-                .map(|(i, (spec, body, keep_version))| Step {
+                .map(|(i, (spec, body))| Step {
                     device: spec.device_index,
                     // SAFETY: a resident task is woken only by this runtime
                     // (`run_from`, `ReplayBody`) while a replay is in
@@ -110,7 +106,6 @@ impl<H: Host> Runtime<H> {
                     // driver, at `driver` once built) and with it the host.
                     resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
                     body,
-                    keep_version,
                 })
                 .collect();
             Self {
@@ -155,12 +150,7 @@ impl<H: Host> Runtime<H> {
     fn run_from(&self, mut op: u32) {
         loop {
             let step = &self.steps[op as usize];
-            match run_recorded(
-                step.resident.block(),
-                &step.body,
-                step.keep_version,
-                &*self.host,
-            ) {
+            match run_recorded(step.resident.block(), &step.body, &*self.host) {
                 Ran::Succeeded => {}
                 Ran::Failed(f) => self.fail(Error::Failed(f)),
                 Ran::Skipped(f) => self.fail(Error::Poisoned(f)),

@@ -88,7 +88,7 @@ impl HarnessGraph {
         let reads: Vec<&dyn AnyVar> = a.reads.iter().map(|v| &**v).collect();
         let mutates: Vec<&dyn AnyVar> = a.mutates.iter().map(|v| &**v).collect();
         let host = crate::dep::Host::id(&**self.harness.host());
-        let spec = OpSpec::own(edges(&reads, &mutates, host)?, "replay", Mode::Maintenance);
+        let spec = OpSpec::own(edges(&reads, &mutates, host)?, "replay", Mode::Replay);
         Ok(self
             .harness
             .push_spec(spec, ReplayBody::new(a.runtime.clone())))

@@ -14,8 +14,15 @@ pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'stat
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("did not finish within {secs} s (hang?)"))
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(t) => t,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("did not finish within {secs} s (hang?)")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("panicked (its message is above)")
+        }
+    }
 }
 
 /// splitmix64, the workloads' generator.
@@ -24,16 +31,23 @@ pub struct Rng(pub u64);
 
 impl Rng {
     pub fn next(&mut self) -> u64 {
+        let z = self.0;
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        mix(z)
     }
 
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// splitmix64's output function: a well-mixed hash of `z` (the
+/// differential tests' values are made of it).
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Counts how many of its clones were dropped.
@@ -87,8 +101,14 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
 /// An engine whose ops run on a plain thread pool of the test's own, through
 /// `Executor::custom`.
 pub fn custom_engine() -> Engine {
+    Engine::builder().executor(custom_pool(2)).build().unwrap()
+}
+
+/// An `Executor::custom` handing jobs to a plain pool of `threads` threads
+/// of the test's own (they stop once the engine drops the executor).
+pub fn custom_pool(threads: usize) -> Executor {
     let (tx, rx) = crossbeam_like_channel();
-    for _ in 0..2 {
+    for _ in 0..threads {
         let rx = rx.clone();
         std::thread::spawn(move || {
             loop {
@@ -102,12 +122,9 @@ pub fn custom_engine() -> Engine {
             }
         });
     }
-    Engine::builder()
-        .executor(Executor::custom(move |job| {
-            let _ = tx.lock().unwrap().send(job);
-        }))
-        .build()
-        .unwrap()
+    Executor::custom(move |job| {
+        let _ = tx.lock().unwrap().send(job);
+    })
 }
 
 type Chan = (
