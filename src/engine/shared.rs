@@ -100,6 +100,7 @@ impl Shared {
         self.closed.load(Ordering::SeqCst)
     }
 
+    #[inline]
     pub(super) fn admit(&self) -> Result<u8, Error> {
         let generation = self.pending.enter();
         if self.closed.load(Ordering::SeqCst) {
