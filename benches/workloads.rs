@@ -9,11 +9,27 @@
 //! variables, before the clock starts). The resource changes no value, so it
 //! is checked against the same replay, and also that every unit came back.
 //!
+//! Each workload but `round_robin_quota` also has a `<name>_replay` row: the
+//! whole program is recorded once as a graph ([`Engine::record`], untimed,
+//! its time printed apart), then replayed `--replays` times (default 3)
+//! without waiting in between; the clock runs from the first replay to the
+//! return of `wait_all`, and ns/op is that time / (replays x ops). The values
+//! must equal the serial program run `replays` times (the op index `i` in
+//! each op's step is its index in the program, the same in every replay).
+//! One recording serves the row's `--runs` runs, on one engine: the
+//! variables are set back to 0 between runs, untimed. `round_robin_quota`
+//! has no replay row: recorded ops cannot take resource units yet.
+//!
 //! ```text
 //! cargo bench --bench workloads -- [--json] [--quick] [--threads 1,2]
-//!     [--runs 5] [--workloads chain,fanout] [--bodies empty,spin1000]
-//!     [--no-pending] [--trace]
+//!     [--runs 5] [--workloads chain,fanout,chain_replay]
+//!     [--bodies empty,spin1000] [--replays 3] [--no-pending] [--trace]
 //! ```
+//!
+//! `--workloads` names rows: `chain` is the pushed program, `chain_replay`
+//! its replays. `--replays 0` records and checks without replaying: the
+//! baseline a profile of the replays subtracts (see README, *Recorded
+//! graphs*).
 //!
 //! `--trace` builds every engine with [`Tracing::On`]: what recording a
 //! trace costs (the trace is never taken).
@@ -24,11 +40,17 @@
 //! behind it, and the pushing time and growth of the resident set are divided
 //! by N. For `round_robin_quota` the pending ops carry their resource
 //! demand but hold no units: ops ask for units only once their variables
-//! grant them.
+//! grant them. For each replay row it measures, in a fresh process too, the
+//! time to record the program and the growth of the resident set per
+//! recorded op (each recorded op keeps a task and its body for the graph's
+//! lifetime).
 
 use std::time::{Duration, Instant};
 
-use depflow::{AnyVar, Engine, Error, OpBuilder, OpCtx, OpHandle, Resource, Tracing, Var};
+use depflow::{
+    AnyVar, Engine, Error, Graph, OpBuilder, OpCtx, OpHandle, Recorder, Replay, Resource, Tracing,
+    Var,
+};
 
 /// Units of the resource of `round_robin_quota`.
 const QUOTA_CAPACITY: u64 = 64;
@@ -169,10 +191,12 @@ fn programs(scale: usize) -> Vec<Program> {
     ]
 }
 
-/// The values a serial run of `program` leaves.
-fn reference(program: &Program) -> Vec<u64> {
+/// The values `times` serial runs of `program`, one after the other, leave.
+/// (Not inlined: a callgrind profile subtracts its cost by name.)
+#[inline(never)]
+fn reference(program: &Program, times: usize) -> Vec<u64> {
     let mut vals = vec![0u64; program.vars];
-    for (i, op) in program.ops.iter().enumerate() {
+    for (i, op) in std::iter::repeat_n(&program.ops, times).flat_map(|ops| ops.iter().enumerate()) {
         let r = |k: usize| {
             if k < op.nreads as usize {
                 vals[op.reads[k] as usize]
@@ -350,17 +374,23 @@ fn pending_cost(program: &Program, expected: &[u64]) -> (f64, f64, bool) {
 /// Runs `pending_cost` in a fresh process, so that memory freed by earlier
 /// runs cannot hide the growth.
 fn pending_in_child(name: &str, scale: usize) -> (f64, f64, bool) {
+    child(&["--pending-child", name, "--scale", &scale.to_string()])
+}
+
+/// Runs this bench with `args` (a `--*-child` mode) and parses the three
+/// figures it prints.
+fn child(args: &[&str]) -> (f64, f64, bool) {
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args(["--pending-child", name, "--scale", &scale.to_string()])
+        .args(args)
         .output()
-        .expect("cannot run the pending measurement");
+        .expect("cannot run the child measurement");
     let text = String::from_utf8_lossy(&out.stdout);
     let mut it = text.split_whitespace();
     let mut next = || {
         it.next().unwrap_or_else(|| {
             panic!(
-                "pending child failed: {}",
+                "child {args:?} failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             )
         })
@@ -370,6 +400,133 @@ fn pending_in_child(name: &str, scale: usize) -> (f64, f64, bool) {
         next().parse().unwrap(),
         next() == "ok",
     )
+}
+
+/// Records op `i` of a program as `push` pushes it, with an `Fn` body.
+fn record_op(rec: &mut Recorder<'_>, vars: &[Var<u64>], i: usize, op: OpSpec, body: Body) {
+    let w = &vars[op.write as usize];
+    let wk = w.key();
+    let i = i as u64;
+    let result = match op.nreads {
+        0 => rec.op().mutates(&[w]).run(move |ctx| {
+            let mut v = ctx.write(wk)?;
+            *v = step(i, *v, 0, 0);
+            drop(v);
+            body.run();
+            Ok(())
+        }),
+        1 => {
+            let r0 = &vars[op.reads[0] as usize];
+            let rk = r0.key();
+            rec.op().reads(&[r0]).mutates(&[w]).run(move |ctx| {
+                let a = *ctx.read(rk)?;
+                let mut v = ctx.write(wk)?;
+                *v = step(i, *v, a, 0);
+                drop(v);
+                body.run();
+                Ok(())
+            })
+        }
+        _ => {
+            let (r0, r1) = (&vars[op.reads[0] as usize], &vars[op.reads[1] as usize]);
+            let (rk0, rk1) = (r0.key(), r1.key());
+            rec.op().reads(&[r0, r1]).mutates(&[w]).run(move |ctx| {
+                let (a, b) = (*ctx.read(rk0)?, *ctx.read(rk1)?);
+                let mut v = ctx.write(wk)?;
+                *v = step(i, *v, a, b);
+                drop(v);
+                body.run();
+                Ok(())
+            })
+        }
+    };
+    result.expect("recording an op failed");
+}
+
+/// Records the whole program as one graph (nothing runs).
+fn record(engine: &Engine, vars: &[Var<u64>], program: &Program, body: Body) -> Graph {
+    assert!(!program.quota, "recorded ops cannot take resource units");
+    engine
+        .record(|rec| {
+            for (i, op) in program.ops.iter().enumerate() {
+                record_op(rec, vars, i, *op, body);
+            }
+            Ok(())
+        })
+        .expect("recording failed")
+}
+
+/// Sets every variable back to 0 (between runs of a replay row, untimed).
+fn reset(engine: &Engine, vars: &[Var<u64>]) {
+    for v in vars {
+        let v2 = v.clone();
+        drop(
+            engine
+                .push(&[], &[v], move |ctx| {
+                    *ctx.write(&v2)? = 0;
+                    Ok(())
+                })
+                .unwrap(),
+        );
+    }
+    engine.wait_all().wait().expect("reset failed");
+}
+
+/// The runs of a replay row: one engine, the program recorded once, then
+/// per run `replays` replays pushed back to back and timed up to
+/// `wait_all`'s return. Returns the runs and the recording's time.
+fn replay_runs(
+    program: &Program,
+    body: Body,
+    threads: usize,
+    replays: usize,
+    runs: usize,
+    expected: &[u64],
+) -> (Vec<Run>, Duration) {
+    let engine = engine(threads);
+    let vars: Vec<Var<u64>> = (0..program.vars).map(|_| engine.var(0u64)).collect();
+    let start = Instant::now();
+    let graph = record(&engine, &vars, program, body);
+    let recording = start.elapsed();
+    let runs = (0..runs)
+        .map(|run| {
+            if run > 0 {
+                reset(&engine, &vars);
+            }
+            let start = Instant::now();
+            let pushed: Vec<Replay> = (0..replays).map(|_| graph.replay()).collect();
+            engine.wait_all().wait().expect("an op failed");
+            let wall = start.elapsed();
+            let replayed = pushed.into_iter().all(|r| r.wait().is_ok());
+            let ok = replayed && values(&engine, &vars) == expected;
+            Run { wall, ok }
+        })
+        .collect();
+    (runs, recording)
+}
+
+/// Records the program once on a fresh engine; returns (ns per recorded
+/// op, resident bytes per recorded op, check of one replay).
+fn record_cost(program: &Program, expected: &[u64]) -> (f64, f64, bool) {
+    let engine = engine(1);
+    let vars: Vec<Var<u64>> = (0..program.vars).map(|_| engine.var(0u64)).collect();
+    let before = resident_bytes();
+    let start = Instant::now();
+    let graph = record(&engine, &vars, program, Body::Empty);
+    let recording = start.elapsed();
+    let after = resident_bytes();
+    let ok = graph.replay().wait().is_ok() && values(&engine, &vars) == expected;
+    let n = program.ops.len() as f64;
+    (
+        recording.as_nanos() as f64 / n,
+        (after as f64 - before as f64) / n,
+        ok,
+    )
+}
+
+/// Runs `record_cost` in a fresh process (as `pending_in_child`).
+fn record_in_child(name: &str, scale: usize) -> (f64, f64, bool) {
+    child(&["--record-child", name, "--scale", &scale.to_string()])
 }
 
 fn resident_bytes() -> u64 {
@@ -390,6 +547,8 @@ struct Args {
     workloads: Option<Vec<String>>,
     bodies: Vec<Body>,
     pending: bool,
+    /// Replays per run of a replay row.
+    replays: usize,
 }
 
 fn parse_args() -> Args {
@@ -401,6 +560,7 @@ fn parse_args() -> Args {
         workloads: None,
         bodies: vec![Body::Empty, Body::Spin(1000), Body::Spin(10_000)],
         pending: true,
+        replays: 3,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -417,6 +577,7 @@ fn parse_args() -> Args {
                     .collect()
             }
             "--runs" => args.runs = value().parse().expect("--runs N"),
+            "--replays" => args.replays = value().parse().expect("--replays R"),
             "--workloads" => args.workloads = Some(value().split(',').map(String::from).collect()),
             "--bodies" => {
                 args.bodies = value()
@@ -442,92 +603,204 @@ fn median(mut xs: Vec<Duration>) -> Duration {
     xs[xs.len() / 2]
 }
 
+/// One row's figures, printed as text or JSON.
+struct Row<'a> {
+    workload: &'a str,
+    body: Body,
+    threads: usize,
+    runs: &'a [Run],
+    /// Ops per run (replays x ops for a replay row).
+    ops: usize,
+    /// A replay row's: (replays per run, ns per recorded op, this row's
+    /// ns/op over the pushed program's in this process, if it ran).
+    replay: Option<(usize, f64, Option<f64>)>,
+}
+
+/// Prints the row; returns its ns/op.
+fn report(row: &Row<'_>, json: bool) -> f64 {
+    let ok = row.runs.iter().all(|r| r.ok);
+    let wall = median(row.runs.iter().map(|r| r.wall).collect());
+    // `--replays 0` (a profile's baseline) replays no op: 0 ns/op.
+    let n = row.ops as f64;
+    let ns_per_op = if row.ops == 0 {
+        0.0
+    } else {
+        wall.as_nanos() as f64 / n
+    };
+    let efficiency = match row.body {
+        Body::Empty => None,
+        Body::Spin(w) => Some((n * w as f64 / row.threads as f64) / wall.as_nanos() as f64),
+    };
+    let check = if ok { "ok" } else { "FAILED" };
+    let threads = row.threads;
+    if json {
+        let eff = efficiency.map_or("null".to_string(), |e| format!("{e:.4}"));
+        let extra = row.replay.map_or(String::new(), |(replays, record, vs)| {
+            let vs = vs.map_or("null".to_string(), |r| format!("{:.3}", ns_per_op / r));
+            format!(
+                ", \"replays\": {replays}, \"record_ns_per_op\": {record:.1}, \"vs_dynamic\": {vs}"
+            )
+        });
+        println!(
+            "{{\"workload\": \"{}\", \"body\": \"{}\", \"threads\": {threads}, \"ns_per_op\": {ns_per_op:.1}, \"efficiency\": {eff}, \"check\": \"{check}\"{extra}}}",
+            row.workload,
+            row.body.name()
+        );
+    } else {
+        let eff = efficiency.map_or("-".to_string(), |e| format!("{e:.3}"));
+        println!(
+            "{:<18} {:<10} {:>3} {:>12.1} {:>10} {:>6}",
+            row.workload,
+            row.body.name(),
+            threads,
+            ns_per_op,
+            eff,
+            check
+        );
+        if let Some((replays, record, vs)) = row.replay {
+            let vs = vs.map_or(String::new(), |r| {
+                format!(", {:.3}x the pushed program", ns_per_op / r)
+            });
+            eprintln!(
+                "  {}: {replays} replays per run, recorded in {record:.1} ns/op{vs}",
+                row.workload
+            );
+        }
+    }
+    assert!(
+        ok,
+        "check failed: {} {} T={threads}",
+        row.workload,
+        row.body.name()
+    );
+    ns_per_op
+}
+
+/// Prints a child's measurement (`metric`: "pending" or "recorded").
+fn report_child(workload: &str, metric: &str, figures: (f64, f64, bool), json: bool) {
+    let (ns, bytes, ok) = figures;
+    let check = if ok { "ok" } else { "FAILED" };
+    match (metric, json) {
+        ("pending", true) => println!(
+            "{{\"workload\": \"{workload}\", \"metric\": \"pending\", \"push_ns_per_op\": {ns:.1}, \"bytes_per_pending_op\": {bytes:.1}, \"check\": \"{check}\"}}"
+        ),
+        ("pending", false) => println!(
+            "{workload:<18} push alone {ns:.1} ns/op, {bytes:.1} bytes per pending op, check {check}"
+        ),
+        (_, true) => println!(
+            "{{\"workload\": \"{workload}\", \"metric\": \"recorded\", \"record_ns_per_op\": {ns:.1}, \"bytes_per_recorded_op\": {bytes:.1}, \"check\": \"{check}\"}}"
+        ),
+        (_, false) => println!(
+            "{workload:<18} recording alone {ns:.1} ns/op, {bytes:.1} bytes per recorded op, check {check}"
+        ),
+    }
+    assert!(ok, "check failed: {workload} {metric}");
+}
+
 fn main() {
     let mut argv = std::env::args().skip(1);
-    if argv.next().as_deref() == Some("--pending-child") {
+    let mode = argv.next();
+    if let Some(mode @ ("--pending-child" | "--record-child")) = mode.as_deref() {
         let name = argv.next().unwrap();
         let scale = argv.nth(1).unwrap().parse().unwrap();
         let program = programs(scale)
             .into_iter()
             .find(|p| p.name == name)
             .unwrap();
-        let (push_ns, bytes, ok) = pending_cost(&program, &reference(&program));
-        println!("{push_ns} {bytes} {}", if ok { "ok" } else { "failed" });
+        let expected = reference(&program, 1);
+        let (ns, bytes, ok) = if mode == "--pending-child" {
+            pending_cost(&program, &expected)
+        } else {
+            record_cost(&program, &expected)
+        };
+        println!("{ns} {bytes} {}", if ok { "ok" } else { "failed" });
         return;
     }
     let args = parse_args();
-    let programs: Vec<Program> = programs(args.scale)
+    let wanted = |name: &str| {
+        args.workloads
+            .as_ref()
+            .is_none_or(|w| w.iter().any(|n| n == name))
+    };
+    // Per program: whether its pushed rows and its replay rows run.
+    let programs: Vec<(Program, bool, bool)> = programs(args.scale)
         .into_iter()
-        .filter(|p| {
-            args.workloads
-                .as_ref()
-                .is_none_or(|w| w.iter().any(|n| n == p.name))
+        .map(|p| {
+            let pushed = wanted(p.name);
+            let replay_name = format!("{}_replay", p.name);
+            if p.quota
+                && args
+                    .workloads
+                    .as_ref()
+                    .is_some_and(|w| w.contains(&replay_name))
+            {
+                eprintln!("no {replay_name} row: recorded ops cannot take resource units yet");
+            }
+            let replayed = !p.quota && wanted(&replay_name);
+            (p, pushed, replayed)
         })
+        .filter(|&(_, pushed, replayed)| pushed || replayed)
         .collect();
     if !args.json {
         println!(
-            "{:<17} {:<10} {:>3} {:>12} {:>10} {:>6}",
+            "{:<18} {:<10} {:>3} {:>12} {:>10} {:>6}",
             "workload", "body", "T", "ns/op", "efficiency", "check"
         );
     }
-    for program in &programs {
-        let expected = reference(program);
+    for (program, pushed, replayed) in &programs {
+        let expected = reference(program, 1);
+        let replay_name = format!("{}_replay", program.name);
+        let expected_replays = if *replayed {
+            reference(program, args.replays)
+        } else {
+            Vec::new()
+        };
         for &body in args.bodies.iter().filter(|_| args.runs > 0) {
             for &threads in &args.threads {
-                let runs: Vec<Run> = (0..args.runs)
-                    .map(|_| run_once(program, body, threads, &expected))
-                    .collect();
-                let ok = runs.iter().all(|r| r.ok);
-                let wall = median(runs.iter().map(|r| r.wall).collect());
-                let n = program.ops.len() as f64;
-                let ns_per_op = wall.as_nanos() as f64 / n;
-                let efficiency = match body {
-                    Body::Empty => None,
-                    Body::Spin(w) => Some((n * w as f64 / threads as f64) / wall.as_nanos() as f64),
-                };
-                let check = if ok { "ok" } else { "FAILED" };
-                if args.json {
-                    let eff = efficiency.map_or("null".to_string(), |e| format!("{e:.4}"));
-                    println!(
-                        "{{\"workload\": \"{}\", \"body\": \"{}\", \"threads\": {threads}, \"ns_per_op\": {ns_per_op:.1}, \"efficiency\": {eff}, \"check\": \"{check}\"}}",
-                        program.name,
-                        body.name()
-                    );
-                } else {
-                    let eff = efficiency.map_or("-".to_string(), |e| format!("{e:.3}"));
-                    println!(
-                        "{:<17} {:<10} {:>3} {:>12.1} {:>10} {:>6}",
-                        program.name,
-                        body.name(),
+                let mut dynamic = None;
+                if *pushed {
+                    let runs: Vec<Run> = (0..args.runs)
+                        .map(|_| run_once(program, body, threads, &expected))
+                        .collect();
+                    let row = Row {
+                        workload: program.name,
+                        body,
                         threads,
-                        ns_per_op,
-                        eff,
-                        check
-                    );
+                        runs: &runs,
+                        ops: program.ops.len(),
+                        replay: None,
+                    };
+                    dynamic = Some(report(&row, args.json));
                 }
-                assert!(
-                    ok,
-                    "check failed: {} {} T={threads}",
-                    program.name,
-                    body.name()
-                );
+                if *replayed {
+                    let (runs, recording) = replay_runs(
+                        program,
+                        body,
+                        threads,
+                        args.replays,
+                        args.runs,
+                        &expected_replays,
+                    );
+                    let record_ns = recording.as_nanos() as f64 / program.ops.len() as f64;
+                    let row = Row {
+                        workload: &replay_name,
+                        body,
+                        threads,
+                        runs: &runs,
+                        ops: args.replays * program.ops.len(),
+                        replay: Some((args.replays, record_ns, dynamic)),
+                    };
+                    report(&row, args.json);
+                }
             }
         }
-        if args.pending {
-            let (push_ns, bytes, ok) = pending_in_child(program.name, args.scale);
-            let check = if ok { "ok" } else { "FAILED" };
-            if args.json {
-                println!(
-                    "{{\"workload\": \"{}\", \"metric\": \"pending\", \"push_ns_per_op\": {push_ns:.1}, \"bytes_per_pending_op\": {bytes:.1}, \"check\": \"{check}\"}}",
-                    program.name
-                );
-            } else {
-                println!(
-                    "{:<17} push alone {push_ns:.1} ns/op, {bytes:.1} bytes per pending op, check {check}",
-                    program.name
-                );
-            }
-            assert!(ok, "check failed: {} pending", program.name);
+        if args.pending && *pushed {
+            let figures = pending_in_child(program.name, args.scale);
+            report_child(program.name, "pending", figures, args.json);
+        }
+        if args.pending && *replayed {
+            let figures = record_in_child(program.name, args.scale);
+            report_child(&replay_name, "recorded", figures, args.json);
         }
     }
 }
