@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use depflow::{
     AnyVar, Engine, Error, Graph, OpBuilder, OpCtx, OpHandle, Recorder, Replay, Resource, Tracing,
-    Var,
+    Var, VarKey,
 };
 
 /// Units of the resource of `round_robin_quota`.
@@ -224,7 +224,56 @@ where
     }
 }
 
-/// Pushes one op of the program. Closures capture `Copy` keys, not handles.
+/// The body of an op mutating `wk` (index `i`) that reads nothing, one
+/// variable or two: the same closure for pushed and recorded ops. Keys are
+/// `Copy`, not handles.
+fn body0(wk: VarKey<u64>, i: u64, body: Body) -> impl Fn(&OpCtx) -> OpResult + Send + Sync {
+    move |ctx| {
+        let mut v = ctx.write(wk)?;
+        *v = step(i, *v, 0, 0);
+        drop(v);
+        body.run();
+        Ok(())
+    }
+}
+
+/// See [`body0`].
+fn body1(
+    rk: VarKey<u64>,
+    wk: VarKey<u64>,
+    i: u64,
+    body: Body,
+) -> impl Fn(&OpCtx) -> OpResult + Send + Sync {
+    move |ctx| {
+        let a = *ctx.read(rk)?;
+        let mut v = ctx.write(wk)?;
+        *v = step(i, *v, a, 0);
+        drop(v);
+        body.run();
+        Ok(())
+    }
+}
+
+/// See [`body0`].
+fn body2(
+    (rk0, rk1): (VarKey<u64>, VarKey<u64>),
+    wk: VarKey<u64>,
+    i: u64,
+    body: Body,
+) -> impl Fn(&OpCtx) -> OpResult + Send + Sync {
+    move |ctx| {
+        let (a, b) = (*ctx.read(rk0)?, *ctx.read(rk1)?);
+        let mut v = ctx.write(wk)?;
+        *v = step(i, *v, a, b);
+        drop(v);
+        body.run();
+        Ok(())
+    }
+}
+
+type OpResult = Result<(), depflow::BoxError>;
+
+/// Pushes one op of the program.
 fn push(
     engine: &Engine,
     vars: &[Var<u64>],
@@ -234,43 +283,18 @@ fn push(
     body: Body,
 ) {
     let w = &vars[op.write as usize];
-    let wk = w.key();
-    let i = i as u64;
+    let (wk, i) = (w.key(), i as u64);
     let result = match op.nreads {
-        0 => run(engine.op().mutates(&[w]), quota, move |ctx| {
-            let mut v = ctx.write(wk)?;
-            *v = step(i, *v, 0, 0);
-            drop(v);
-            body.run();
-            Ok(())
-        }),
+        0 => run(engine.op().mutates(&[w]), quota, body0(wk, i, body)),
         1 => {
             let r0 = &vars[op.reads[0] as usize];
-            let rk = r0.key();
-            run(engine.op().reads(&[r0]).mutates(&[w]), quota, move |ctx| {
-                let a = *ctx.read(rk)?;
-                let mut v = ctx.write(wk)?;
-                *v = step(i, *v, a, 0);
-                drop(v);
-                body.run();
-                Ok(())
-            })
+            let b = engine.op().reads(&[r0]).mutates(&[w]);
+            run(b, quota, body1(r0.key(), wk, i, body))
         }
         _ => {
             let (r0, r1) = (&vars[op.reads[0] as usize], &vars[op.reads[1] as usize]);
-            let (rk0, rk1) = (r0.key(), r1.key());
-            run(
-                engine.op().reads(&[r0, r1]).mutates(&[w]),
-                quota,
-                move |ctx| {
-                    let (a, b) = (*ctx.read(rk0)?, *ctx.read(rk1)?);
-                    let mut v = ctx.write(wk)?;
-                    *v = step(i, *v, a, b);
-                    drop(v);
-                    body.run();
-                    Ok(())
-                },
-            )
+            let b = engine.op().reads(&[r0, r1]).mutates(&[w]);
+            run(b, quota, body2((r0.key(), r1.key()), wk, i, body))
         }
     };
     drop(result.expect("push failed"));
@@ -402,42 +426,23 @@ fn child(args: &[&str]) -> (f64, f64, bool) {
     )
 }
 
-/// Records op `i` of a program as `push` pushes it, with an `Fn` body.
+/// Records op `i` of a program as `push` pushes it (the same bodies).
 fn record_op(rec: &mut Recorder<'_>, vars: &[Var<u64>], i: usize, op: OpSpec, body: Body) {
     let w = &vars[op.write as usize];
-    let wk = w.key();
-    let i = i as u64;
+    let (wk, i) = (w.key(), i as u64);
     let result = match op.nreads {
-        0 => rec.op().mutates(&[w]).run(move |ctx| {
-            let mut v = ctx.write(wk)?;
-            *v = step(i, *v, 0, 0);
-            drop(v);
-            body.run();
-            Ok(())
-        }),
+        0 => rec.op().mutates(&[w]).run(body0(wk, i, body)),
         1 => {
             let r0 = &vars[op.reads[0] as usize];
-            let rk = r0.key();
-            rec.op().reads(&[r0]).mutates(&[w]).run(move |ctx| {
-                let a = *ctx.read(rk)?;
-                let mut v = ctx.write(wk)?;
-                *v = step(i, *v, a, 0);
-                drop(v);
-                body.run();
-                Ok(())
-            })
+            rec.op()
+                .reads(&[r0])
+                .mutates(&[w])
+                .run(body1(r0.key(), wk, i, body))
         }
         _ => {
             let (r0, r1) = (&vars[op.reads[0] as usize], &vars[op.reads[1] as usize]);
-            let (rk0, rk1) = (r0.key(), r1.key());
-            rec.op().reads(&[r0, r1]).mutates(&[w]).run(move |ctx| {
-                let (a, b) = (*ctx.read(rk0)?, *ctx.read(rk1)?);
-                let mut v = ctx.write(wk)?;
-                *v = step(i, *v, a, b);
-                drop(v);
-                body.run();
-                Ok(())
-            })
+            let b = rec.op().reads(&[r0, r1]).mutates(&[w]);
+            b.run(body2((r0.key(), r1.key()), wk, i, body))
         }
     };
     result.expect("recording an op failed");
