@@ -107,6 +107,33 @@ fn general(
         .collect())
 }
 
+/// Edges of an op reading `reads` and mutating `mutates`, which the
+/// caller guarantees are distinct variables (a replay's op: its graph's
+/// boundary, deduplicated once at analysis), so that no pass removes
+/// repeats. Checked as [`edges`] checks them.
+///
+/// # Errors
+///
+/// As for [`edges`].
+pub(crate) fn distinct_edges(
+    reads: &[Box<dyn AnyVar>],
+    mutates: &[Box<dyn AnyVar>],
+    engine: u64,
+) -> Result<Edges, Error> {
+    let all = || {
+        mutates
+            .iter()
+            .map(|v| (v, true))
+            .chain(reads.iter().map(|v| (v, false)))
+    };
+    for (var, _) in all() {
+        check(var.core(), engine, 0)?;
+    }
+    Ok(all()
+        .map(|(var, write)| OpEdge::new(&**var, write))
+        .collect())
+}
+
 /// Whether `core` may be declared by an op of engine `engine`, recorded
 /// into graph `graph` (0: pushed).
 #[inline]

@@ -54,7 +54,7 @@ pub use self::buffer::{Buffer, Element};
 pub(crate) use self::ctx::Env;
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
-pub(crate) use self::decl::recorded_edges;
+pub(crate) use self::decl::{distinct_edges, recorded_edges};
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, Units, new_host_id};
 pub(crate) use self::output::take_late_failures;

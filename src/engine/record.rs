@@ -13,7 +13,8 @@ use super::handle::OpHandle;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
-    AnyVar, Buffer, Device, Element, Mode, OpCtx, OpSpec, Var, edges, in_op, recorded_edges,
+    AnyVar, Buffer, Device, Element, Mode, OpCtx, OpSpec, Var, distinct_edges, in_op,
+    recorded_edges,
 };
 use crate::error::{BoxError, Error, VarId};
 use crate::graph::analysis::{Analysed, Recording, analyse};
@@ -373,9 +374,7 @@ impl Graph {
         let handle = inner.engine.upgrade().ok_or(Error::ShutDown)?;
         let engine = Engine { handle };
         let a = &inner.analysed;
-        let reads: Vec<&dyn AnyVar> = a.reads.iter().map(|v| &**v).collect();
-        let mutates: Vec<&dyn AnyVar> = a.mutates.iter().map(|v| &**v).collect();
-        let mut spec = OpSpec::new(edges(&reads, &mutates, engine.shared().id)?);
+        let mut spec = OpSpec::new(distinct_edges(&a.reads, &a.mutates, engine.shared().id)?);
         spec.mode = Mode::Replay;
         spec.name = Some(match &inner.name {
             Some(name) => Cow::Owned(format!("replay {name}")),

@@ -9,7 +9,7 @@
 use super::analysis::{Analysed, Recording, analyse};
 use super::run::ReplayBody;
 use crate::dep::testing::{Handle, Harness, NoopHost};
-use crate::dep::{AnyVar, Mode, OpCtx, OpSpec, Var, edges, new_host_id, recorded_edges};
+use crate::dep::{AnyVar, Mode, OpCtx, OpSpec, Var, distinct_edges, new_host_id, recorded_edges};
 use crate::error::{BoxError, Error};
 
 /// Declares a graph's ops on a [`Harness`] (see [`record`]).
@@ -85,10 +85,9 @@ impl HarnessGraph {
     /// replay's first failure, if any.
     pub fn replay(&self) -> Result<Handle<Option<Error>>, Error> {
         let a = &self.analysed;
-        let reads: Vec<&dyn AnyVar> = a.reads.iter().map(|v| &**v).collect();
-        let mutates: Vec<&dyn AnyVar> = a.mutates.iter().map(|v| &**v).collect();
         let host = crate::dep::Host::id(&**self.harness.host());
-        let spec = OpSpec::own(edges(&reads, &mutates, host)?, "replay", Mode::Replay);
+        let edges = distinct_edges(&a.reads, &a.mutates, host)?;
+        let spec = OpSpec::own(edges, "replay", Mode::Replay);
         Ok(self
             .harness
             .push_spec(spec, ReplayBody::new(a.runtime.clone())))
