@@ -24,6 +24,8 @@ use mpi::ffi;
 use mpi::traits::{AsRaw, Communicator as _};
 
 const KIB: usize = 1024;
+/// Open MPI's `MPI_IN_PLACE`, `(void *) 1` (a sentinel, not an address).
+const IN_PLACE: *const c_void = std::ptr::without_provenance(1);
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -134,11 +136,10 @@ fn main() {
 
 /// A blocking in-place `MPI_Allreduce` (sum) over `world`.
 fn direct_allreduce(world: &mpi::topology::SimpleCommunicator, buf: &mut [f32]) {
-    // SAFETY: Open MPI's MPI_IN_PLACE is `(void *) 1` (this bench runs on
-    // Open MPI); `buf` holds `len` f32s; the world communicator is live.
+    // SAFETY: `IN_PLACE` is Open MPI's (this bench runs on Open MPI); `buf` holds `len` f32s; the world communicator is live.
     let rc = unsafe {
         ffi::MPI_Allreduce(
-            1 as *const c_void,
+            IN_PLACE,
             buf.as_mut_ptr().cast(),
             buf.len() as i32,
             ffi::RSMPI_FLOAT,
@@ -157,7 +158,7 @@ fn direct_iallreduce(world: &mpi::topology::SimpleCommunicator, buf: &mut [f32])
     unsafe {
         let mut request = ffi::RSMPI_REQUEST_NULL;
         let rc = ffi::MPI_Iallreduce(
-            1 as *const c_void,
+            IN_PLACE,
             buf.as_mut_ptr().cast(),
             buf.len() as i32,
             ffi::RSMPI_FLOAT,

@@ -218,7 +218,7 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
         let rc = unsafe {
             match self.what {
                 Collective::AllReduce(op) => ffi::MPI_Iallreduce(
-                    shared.in_place as *const c_void,
+                    std::ptr::without_provenance(shared.in_place),
                     ptr,
                     count,
                     datatype,
@@ -230,7 +230,7 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
                     ffi::MPI_Ibcast(ptr, count, datatype, root, shared.raw, &mut request)
                 }
                 Collective::AllGather => ffi::MPI_Iallgather(
-                    shared.in_place as *const c_void,
+                    std::ptr::without_provenance(shared.in_place),
                     0,
                     datatype,
                     ptr,
