@@ -628,3 +628,98 @@ fn free(mut raw: ffi::MPI_Comm) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use super::*;
+
+    /// Records the order it is issued in; MPI is never called.
+    struct Fake {
+        id: u32,
+        log: Arc<StdMutex<Vec<u32>>>,
+        outcome: StdMutex<Option<Result<(), String>>>,
+    }
+
+    impl InFlight for Fake {
+        fn issue(&self, _: &Shared) -> Result<ffi::MPI_Request, c_int> {
+            self.log.lock().unwrap().push(self.id);
+            // SAFETY: rsmpi's null request, a plain value.
+            Ok(unsafe { ffi::RSMPI_REQUEST_NULL })
+        }
+        fn complete(&self, outcome: Result<(), String>, _: bool) {
+            *self.outcome.lock().unwrap() = Some(outcome);
+        }
+    }
+
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared {
+            // SAFETY: rsmpi's null communicator, a plain value (unused).
+            raw: unsafe { ffi::RSMPI_COMM_NULL },
+            in_place: 1,
+            next_ticket: AtomicU64::new(0),
+            state: Mutex::new(State {
+                next_issue: 0,
+                waiting: VecDeque::new(),
+                requests: Vec::new(),
+                in_flight: Vec::new(),
+                closed: None,
+            }),
+            cv: Condvar::default(),
+        })
+    }
+
+    fn ticket(shared: &Arc<Shared>) -> Ticket {
+        Ticket {
+            shared: shared.clone(),
+            n: shared.next_ticket.fetch_add(1, Relaxed),
+            used: false,
+        }
+    }
+
+    fn fake(id: u32, log: &Arc<StdMutex<Vec<u32>>>) -> Arc<Fake> {
+        Arc::new(Fake {
+            id,
+            log: log.clone(),
+            outcome: StdMutex::new(None),
+        })
+    }
+
+    fn submit(t: Ticket, f: &Arc<Fake>) {
+        let mut t = t;
+        t.used = true;
+        finish(t.shared.fill(t.n, Slot::Submitted(f.clone())));
+    }
+
+    #[test]
+    fn collectives_are_issued_in_ticket_order_and_dropped_tickets_give_way() {
+        let s = shared();
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        let (t0, t1, t2, t3) = (ticket(&s), ticket(&s), ticket(&s), ticket(&s));
+        let (f1, f2, f3) = (fake(1, &log), fake(2, &log), fake(3, &log));
+        submit(t3, &f3);
+        submit(t1, &f1);
+        assert!(log.lock().unwrap().is_empty(), "issued before ticket 0");
+        drop(t0); // skipped: gives its place up
+        assert_eq!(*log.lock().unwrap(), [1]);
+        submit(t2, &f2);
+        assert_eq!(*log.lock().unwrap(), [1, 2, 3]);
+        let st = s.lock();
+        assert_eq!((st.next_issue, st.requests.len()), (4, 3));
+        assert!(st.waiting.is_empty());
+    }
+
+    #[test]
+    fn after_closing_submissions_fail_without_being_issued() {
+        let s = shared();
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        let (t0, t1) = (ticket(&s), ticket(&s));
+        let f1 = fake(1, &log);
+        submit(t1, &f1); // waits for ticket 0
+        s.lock().closed = Some("closed");
+        drop(t0);
+        assert!(log.lock().unwrap().is_empty());
+        assert_eq!(*f1.outcome.lock().unwrap(), Some(Err("closed".to_string())));
+    }
+}
