@@ -254,8 +254,14 @@ fn errors(engine: &Engine, comm: &Communicator) {
 /// Runs this binary under `mpirun -np 2`; returns the digests its ranks
 /// printed, or `None` without `mpirun`.
 fn two_ranks() -> Option<Vec<String>> {
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        println!("mpi: no mpirun on the PATH: the 2-rank checks are skipped");
+    let version = Command::new("mpirun").arg("--version").output();
+    let Ok(version) = version else {
+        println!("mpi: SKIPPED the 2-rank checks: no mpirun on the PATH");
+        return None;
+    };
+    if !String::from_utf8_lossy(&version.stdout).contains("Open MPI") {
+        // The flags below are Open MPI's.
+        println!("mpi: SKIPPED the 2-rank checks: mpirun is not Open MPI's");
         return None;
     }
     let exe = std::env::current_exe().unwrap();
