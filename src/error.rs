@@ -300,8 +300,8 @@ pub enum Error {
     /// cannot replay (an async body, a stream lane, resource units), a
     /// planned buffer read before anything wrote it; the message says which.
     Graph(String),
-    /// A collective across processes (the `mpi` feature,
-    /// [`Communicator`](crate::Communicator)) that cannot be carried out:
+    /// A collective across processes (the `mpi` feature, `Communicator`)
+    /// that cannot be carried out:
     /// caught before it was issued (a root out of range, buffers whose
     /// lengths do not fit the number of ranks, the communicator shut down),
     /// or MPI's own error. As an op's error, inside

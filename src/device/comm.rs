@@ -73,7 +73,7 @@ use crate::loom::sync::{Condvar, Mutex, MutexGuard};
 /// yielding between rounds.
 const SPIN_ROUNDS: u32 = 256;
 
-/// A reduction of [`Collective::AllReduce`].
+/// The reduction of an all-reduce ([`CollectiveOp::reduce`](crate::CollectiveOp::reduce)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
     /// Element-wise sum (`MPI_SUM`).
