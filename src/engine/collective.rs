@@ -121,7 +121,10 @@ impl Communicator {
     }
 
     /// Runs the collectives' bodies (issue, then put the buffer back) on
-    /// `device` rather than the engine's default device.
+    /// `device` rather than the engine's default device. On an
+    /// [inline](crate::Executor::inline) device the progress thread that
+    /// sees a collective complete finishes its op itself, with no hand-off
+    /// to a pool worker (`benches/mpi_allreduce.rs` uses one).
     pub fn on(mut self, device: Device) -> Self {
         self.device = Some(device);
         self
