@@ -113,8 +113,21 @@ fn checks(world: &mpi::topology::SimpleCommunicator) {
     many_in_flight(&engine, &comm);
     errors(&engine, &comm);
 
+    // A collective pushed but not issued when the communicator shuts down
+    // fails (on every rank, without an MPI call), as does one pushed after.
+    let gated = engine.var(vec![1.0f64; 4]);
+    let (open, gate) = mpsc::channel::<()>();
+    engine
+        .push(&[], &[&gated], move |_| {
+            let _ = gate.recv_timeout(Duration::from_secs(10));
+            Ok(())
+        })
+        .unwrap();
+    let mut waiting = comm.all_reduce(&gated).push().unwrap();
     comm.shutdown().expect("nothing in flight");
-    // After shutdown: a clear error, on every rank, no MPI call.
+    open.send(()).unwrap();
+    let r = waiting.wait_timeout(Duration::from_secs(60));
+    assert!(collective_failure(&r), "{r:?}");
     let late = engine.var(vec![1.0f64]);
     let r = comm.all_reduce(&late).push().unwrap().wait();
     assert!(collective_failure(&r), "{r:?}");
