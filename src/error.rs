@@ -300,6 +300,13 @@ pub enum Error {
     /// cannot replay (an async body, a stream lane, resource units), a
     /// planned buffer read before anything wrote it; the message says which.
     Graph(String),
+    /// A collective across processes (the `mpi` feature, `Communicator`)
+    /// that cannot be carried out:
+    /// caught before it was issued (a root out of range, buffers whose
+    /// lengths do not fit the number of ranks, the communicator shut down),
+    /// or MPI's own error. As an op's error, inside
+    /// [`Failed`](Error::Failed) (its `source`).
+    Collective(String),
 }
 
 impl fmt::Display for Error {
@@ -353,6 +360,7 @@ impl fmt::Display for Error {
                 "{var} is an intermediate of a recorded graph: only its graph's ops may declare it"
             ),
             Error::Graph(msg) => write!(f, "recorded graph: {msg}"),
+            Error::Collective(msg) => write!(f, "collective: {msg}"),
         }
     }
 }

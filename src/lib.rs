@@ -122,6 +122,8 @@ mod trace;
 mod engine;
 
 pub use crate::dep::{AnyVar, Buffer, Device, Element, OpCtx, Var, VarKey, VarMut, VarRef};
+#[cfg(feature = "mpi")]
+pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};
 pub use crate::engine::{
     DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpHandle, RecordOp,
     Recorder, Replay, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read, write,

@@ -8,12 +8,15 @@
 //! variables on, complete with the event) is the dependency layer's
 //! (`dep::stream_op`); the user-facing story is in the `stream` module's docs
 //! (lib.rs). This layer knows no op: the poller completes `core::fence`
-//! fences with the failures the dependency layer hands it. The coming MPI communicator is one more
-//! backend here.
+//! fences with the failures the dependency layer hands it. The MPI
+//! communicator (`comm`, the `mpi` feature) is one more backend here: its
+//! own progress thread completes collectives, whose ops await them.
 //!
 //! May import: `crate::loom`, `crate::core`, `crate::error`.
 
 mod backend;
+#[cfg(feature = "mpi")]
+pub(crate) mod comm;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod memory;

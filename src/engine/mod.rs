@@ -15,6 +15,7 @@
 //! | `shared` | the state shared by handles and ops; the `Host` and `Ledger` implementations |
 //! | `shutdown` | shutting down when the last handle drops |
 //! | `diagnostics` | assembling [`Diagnostics`](crate::Diagnostics) |
+//! | `collective` | [`Communicator`], [`CollectiveOp`]: MPI collectives pushed as ops (feature `mpi`; the backend is `device::comm`) |
 //! | `trace_window` | [`Tracing`], and the calls that open a trace window and take the [`Trace`](crate::Trace) |
 //!
 //! May import every layer below: `loom`, `core`, `error`, `exec`,
@@ -22,6 +23,8 @@
 //! sit above, on the public API.
 
 mod builder;
+#[cfg(feature = "mpi")]
+mod collective;
 mod diagnostics;
 mod executor;
 mod facade;
@@ -34,6 +37,8 @@ mod trace_window;
 mod typed_op;
 
 pub use self::builder::{DEFAULT_DEVICE, EngineBuilder};
+#[cfg(feature = "mpi")]
+pub use self::collective::{CollectiveOp, Communicator, ReduceOp};
 pub use self::executor::{Executor, Job};
 pub use self::facade::Engine;
 pub use self::handle::{OpHandle, Wait};

@@ -1,0 +1,343 @@
+//! Collectives across processes as ops (the `mpi` feature): the
+//! [`Communicator`] handle and its op builder, [`CollectiveOp`].
+//!
+//! A collective is an ordinary op: it declares the variables it reads and
+//! mutates, waits for the ops before it on them, poisons its outputs when
+//! it fails and is skipped on a poisoned input. Its body is async: it moves
+//! the variable's `Vec` into the backend (`device::comm`), which issues the
+//! non-blocking MPI call once every collective pushed before it on this
+//! communicator was issued, and awaits the completion that the backend's
+//! progress thread (`MPI_Testsome`) wakes. No thread blocks per collective;
+//! the body runs on the communicator's device (the engine's default one
+//! unless [`Communicator::on`]), briefly, twice: to issue and to put the
+//! buffer back.
+//!
+//! Owns nothing but the handle; the order, the threads and the MPI calls
+//! are the backend's.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mpi::traits::{AsRaw, Equivalence};
+
+use super::facade::Engine;
+use super::handle::OpHandle;
+use crate::dep::{Device, OpCtx, Var};
+pub use crate::device::comm::ReduceOp;
+use crate::device::comm::{Collective, Comm};
+use crate::error::{BoxError, Error};
+
+/// An MPI communicator whose collectives are pushed as engine ops (the `mpi`
+/// feature).
+///
+/// `all_reduce`, `broadcast` and `all_gather` build ops over `Var<Vec<T>>`
+/// (`T` any of MPI's basic types: `f32`, `f64`, the integers); they are
+/// issued as non-blocking MPI calls and completed by one progress thread
+/// per communicator that tests the outstanding requests, so collectives
+/// overlap computation and each other.
+///
+/// **Program order.** MPI requires every rank to issue a communicator's
+/// collectives in the same order. Each collective takes its place in that
+/// order when it is pushed; it is issued only after every collective pushed
+/// before it (on this communicator) was, whatever order their inputs become
+/// ready in. So push a communicator's collectives from one thread, in the
+/// same order on every rank (as an MPI program calls them); a collective
+/// skipped (poisoned input, cancelled) gives up its place, and must then be
+/// skipped on every rank, or the others wait for it.
+///
+/// **MPI's setup.** MPI must be initialised with
+/// [`Threading::Serialized`](mpi::Threading::Serialized) at least (every
+/// call this communicator makes is under one lock; use `Multiple` if the
+/// program calls MPI itself on other threads meanwhile). The communicator
+/// is duplicated, so the program's own collectives on it never mix with the
+/// engine's, and the duplicate has `MPI_ERRORS_RETURN`: an MPI error fails
+/// the op (and poisons its outputs) instead of aborting the job. MPI
+/// recovers from nothing, though: after an error on one rank, the others
+/// may wait forever in that collective (Open MPI 4.1 has no fault
+/// tolerance), so treat an MPI error as the end of the job. Checks that
+/// fail before issuing (a root out of range, an all-gather's lengths) fail
+/// the op with [`Error::Collective`]; made the same way on every rank, they
+/// keep the ranks in step. Lengths that differ between ranks cannot be seen
+/// locally: MPI may report them (a truncation) or not.
+///
+/// **Shutdown.** [`shutdown`](Communicator::shutdown) (or the drop of the
+/// last handle, after the last op that uses it) lets the collectives in
+/// flight complete, frees the duplicate, and must come before MPI is
+/// finalised (the drop of rsmpi's `Universe`): drop the communicator, and
+/// shut the engine down, before the `Universe`.
+///
+/// ```no_run
+/// use depflow::{Communicator, Engine};
+/// use mpi::traits::Communicator as _;
+///
+/// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Multiple).unwrap();
+/// let world = universe.world();
+/// let engine = Engine::new();
+/// let comm = Communicator::new(&engine, &world)?;
+/// let grad = engine.var(vec![world.rank() as f32; 4]);
+/// comm.all_reduce(&grad).name("grad sum").push()?.wait()?;
+/// let n = comm.size() as f32;
+/// assert_eq!(engine.get(&grad).wait()?, vec![n * (n - 1.0) / 2.0; 4]);
+/// comm.shutdown()?;
+/// # Ok::<(), depflow::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Communicator {
+    engine: Engine,
+    comm: Arc<Comm>,
+    device: Option<Device>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Communicator {
+    /// Duplicates `comm` for `engine`'s collectives and starts its progress
+    /// thread.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Collective`] if MPI is not initialised (or is finalised),
+    /// was initialised with less than `Serialized` threading, refuses the
+    /// duplicate, or is a library whose `MPI_IN_PLACE` is not known (Open
+    /// MPI and MPICH derivatives are).
+    pub fn new<C>(engine: &Engine, comm: &C) -> Result<Self, Error>
+    where
+        C: mpi::traits::Communicator + AsRaw<Raw = mpi::ffi::MPI_Comm>,
+    {
+        let comm = Comm::new("depflow", comm.as_raw()).map_err(Error::Collective)?;
+        Ok(Self {
+            engine: engine.clone(),
+            comm: Arc::new(comm),
+            device: None,
+        })
+    }
+
+    /// Runs the collectives' bodies (issue, then put the buffer back) on
+    /// `device` rather than the engine's default device. On an
+    /// [inline](crate::Executor::inline) device the progress thread that
+    /// sees a collective complete finishes its op itself, with no hand-off
+    /// to a pool worker (`benches/mpi_allreduce.rs` uses one).
+    pub fn on(mut self, device: Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// How many ranks the communicator has.
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Reduces `var` in place across ranks (a sum unless
+    /// [`reduce`](CollectiveOp::reduce) says otherwise): every rank ends
+    /// with the same values. Mutates `var`.
+    pub fn all_reduce<'a, T>(&'a self, var: &'a Var<Vec<T>>) -> CollectiveOp<'a, T>
+    where
+        T: Equivalence + Copy + Send + Sync + 'static,
+    {
+        self.build(Kind::AllReduce(ReduceOp::Sum), var, None)
+    }
+
+    /// Overwrites `var` on every rank with rank `root`'s value. Mutates
+    /// `var`; every rank's must have the same length.
+    pub fn broadcast<'a, T>(&'a self, var: &'a Var<Vec<T>>, root: usize) -> CollectiveOp<'a, T>
+    where
+        T: Equivalence + Copy + Send + Sync + 'static,
+    {
+        self.build(Kind::Broadcast(root), var, None)
+    }
+
+    /// Concatenates every rank's `input`, in rank order, into `output` on
+    /// every rank. Reads `input`, mutates `output`: an empty `output` is
+    /// sized to `size() * input.len()`; any other length must be that.
+    pub fn all_gather<'a, T>(
+        &'a self,
+        input: &'a Var<Vec<T>>,
+        output: &'a Var<Vec<T>>,
+    ) -> CollectiveOp<'a, T>
+    where
+        T: Equivalence + Copy + Send + Sync + 'static,
+    {
+        self.build(Kind::AllGather, output, Some(input))
+    }
+
+    fn build<'a, T>(
+        &'a self,
+        kind: Kind,
+        var: &'a Var<Vec<T>>,
+        input: Option<&'a Var<Vec<T>>>,
+    ) -> CollectiveOp<'a, T> {
+        CollectiveOp {
+            comm: self,
+            kind,
+            var,
+            input,
+            name: None,
+            priority: 0,
+        }
+    }
+
+    /// Stops issuing collectives (those not issued yet fail), completes
+    /// those in flight (the other ranks must take part), and frees the
+    /// duplicated communicator; waits 10 s at most. Later collectives fail
+    /// with [`Error::Collective`]. Call it before MPI is finalised; the
+    /// drop of the last handle does the same.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Collective`] saying how many collectives were still in
+    /// flight at the deadline: their buffers are left to the progress
+    /// thread (MPI may still write them), and MPI must not be finalised
+    /// under them.
+    pub fn shutdown(&self) -> Result<(), Error> {
+        self.comm
+            .shutdown(Instant::now() + crate::device::SHUTDOWN_DEADLINE)
+            .map_err(|n| Error::Collective(format!("{n} collective(s) still in flight")))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    AllReduce(ReduceOp),
+    Broadcast(usize),
+    AllGather,
+}
+
+/// A collective being described ([`Communicator::all_reduce`],
+/// [`broadcast`](Communicator::broadcast),
+/// [`all_gather`](Communicator::all_gather)); [`push`](CollectiveOp::push)
+/// pushes it.
+#[derive(Debug)]
+#[must_use = "a CollectiveOp does nothing until `push`"]
+pub struct CollectiveOp<'a, T> {
+    comm: &'a Communicator,
+    kind: Kind,
+    /// The variable mutated (reduced, broadcast into, gathered into).
+    var: &'a Var<Vec<T>>,
+    /// An all-gather's input.
+    input: Option<&'a Var<Vec<T>>>,
+    name: Option<Cow<'static, str>>,
+    priority: i32,
+}
+
+impl<T> CollectiveOp<'_, T>
+where
+    T: Equivalence + Copy + Send + Sync + 'static,
+{
+    /// Names the op (its failures and traces say it).
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The op's priority among ready ops ([`OpBuilder::priority`](crate::OpBuilder::priority)).
+    /// It orders when the op's body runs, not the issue order, which is
+    /// the push order (see [`Communicator`]).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The reduction of an all-reduce (ignored by the others).
+    pub fn reduce(mut self, op: ReduceOp) -> Self {
+        if let Kind::AllReduce(_) = self.kind {
+            self.kind = Kind::AllReduce(op);
+        }
+        self
+    }
+
+    /// Pushes the collective: it takes its place in the communicator's
+    /// issue order now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Collective`] for a broadcast root that is not a rank, or an
+    /// all-gather into its own input; then as [`Engine::push`].
+    pub fn push(self) -> Result<OpHandle<()>, Error> {
+        let comm = self.comm;
+        let size = comm.size();
+        let rank = comm.rank();
+        let what = match self.kind {
+            Kind::AllReduce(op) => Collective::AllReduce(op),
+            Kind::Broadcast(root) => Collective::Broadcast {
+                root: i32::try_from(root)
+                    .ok()
+                    .filter(|_| root < size)
+                    .ok_or_else(|| {
+                        Error::Collective(format!(
+                            "broadcast from rank {root}: the communicator has {size} rank(s)"
+                        ))
+                    })?,
+            },
+            Kind::AllGather => Collective::AllGather,
+        };
+        if let Some(input) = self.input
+            && input.id() == self.var.id()
+        {
+            return Err(Error::Collective(
+                "all_gather: the input is also the output".into(),
+            ));
+        }
+        let mut op = comm
+            .engine
+            .op()
+            .mutates(&[self.var])
+            .priority(self.priority);
+        if let Some(input) = self.input {
+            op = op.reads(&[input]);
+        }
+        if let Some(device) = comm.device {
+            op = op.on(device);
+        }
+        let label: Cow<'static, str> = self.name.clone().unwrap_or(Cow::Borrowed(match what {
+            Collective::AllReduce(_) => "all_reduce",
+            Collective::Broadcast { .. } => "broadcast",
+            Collective::AllGather => "all_gather",
+        }));
+        if let Some(name) = self.name {
+            op = op.name(name);
+        }
+        let out = self.var.key();
+        let input = self.input.map(Var::key);
+        let backend = comm.comm.clone();
+        // Its place in the issue order: taken now, in push order. If the
+        // body never runs (skipped, cancelled, a failed push), dropping it
+        // gives the place up.
+        let ticket = backend.ticket();
+        op.run_async(move |ctx: OpCtx| async move {
+            let fail =
+                |m: String| -> BoxError { Box::new(Error::Collective(format!("{label}: {m}"))) };
+            let mut buf = std::mem::take(&mut *ctx.write(out)?);
+            if let Some(input) = input {
+                let input = ctx.read(input)?;
+                let n = input.len();
+                if buf.is_empty() {
+                    buf.reserve_exact(n * size);
+                    (0..size).for_each(|_| buf.extend_from_slice(&input));
+                } else if buf.len() != n * size {
+                    let len = buf.len();
+                    *ctx.write(out)? = buf;
+                    return Err(fail(format!(
+                        "the output holds {len} elements, not {size} rank(s) x {n} (the input)"
+                    )));
+                }
+                buf[rank * n..(rank + 1) * n].copy_from_slice(&input);
+            }
+            let (buf, outcome) = backend.submit(ticket, what, buf).await;
+            *ctx.write(out)? = buf;
+            outcome.map_err(fail)
+        })
+    }
+}
