@@ -300,6 +300,10 @@ pub enum Error {
     /// cannot replay (an async body, a stream lane, resource units), a
     /// planned buffer read before anything wrote it; the message says which.
     Graph(String),
+    /// A misuse of a data-parallel group ([`parallel`](crate::parallel)):
+    /// duplicate devices, replicas of different shapes, an empty batch or
+    /// one that does not split evenly; the message says which.
+    Parallel(String),
 }
 
 impl fmt::Display for Error {
@@ -353,6 +357,7 @@ impl fmt::Display for Error {
                 "{var} is an intermediate of a recorded graph: only its graph's ops may declare it"
             ),
             Error::Graph(msg) => write!(f, "recorded graph: {msg}"),
+            Error::Parallel(msg) => write!(f, "data-parallel group: {msg}"),
         }
     }
 }

@@ -121,6 +121,8 @@ mod trace;
 
 mod engine;
 
+pub mod parallel;
+
 pub use crate::dep::{AnyVar, Buffer, Device, Element, OpCtx, Var, VarKey, VarMut, VarRef};
 pub use crate::engine::{
     DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpHandle, RecordOp,
