@@ -37,6 +37,9 @@ pub(super) struct Member {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Param(pub(super) usize);
 
+/// The host's weights and gradient sum of a parameter.
+pub(super) type HostVars = (Var<Vec<f32>>, Var<Vec<f32>>);
+
 /// A parameter's variables.
 #[derive(Debug)]
 pub(super) struct ParamVars {
@@ -46,7 +49,7 @@ pub(super) struct ParamVars {
     pub(super) grads: Vec<Var<Vec<f32>>>,
     /// Host aggregation ([`Update::Host`]): the host's weights and
     /// gradient sum.
-    pub(super) host: Option<(Var<Vec<f32>>, Var<Vec<f32>>)>,
+    pub(super) host: Option<HostVars>,
 }
 
 /// A data-parallel group: the same model replicated on several devices,

@@ -80,7 +80,7 @@ pub(super) fn serial_sum_into<B: AsRef<[f32]>>(buffers: &[B], out: &mut [f32]) {
         for k in 1..n {
             let src = &buffers[(c + k) % n].as_ref()[range.clone()];
             for (o, s) in out.iter_mut().zip(src) {
-                *o = *s + *o;
+                *o += *s;
             }
         }
     }

@@ -99,23 +99,23 @@ impl Group {
     where
         F: FnMut(&mut DeviceStep<'_>) -> Result<(), Error>,
     {
+        let s = self.inputs.take()?;
         let mut buckets = match self.buckets.take() {
             Some(b) => b,
             None => Buckets::new(self)?,
         };
-        let result = self.step_with(&mut buckets, &mut f);
+        let result = self.step_with(s, &mut buckets, &mut f);
         self.buckets = Some(buckets);
         result
     }
 
-    fn step_with<F>(&mut self, buckets: &mut Buckets, f: &mut F) -> Result<(), Error>
+    fn step_with<F>(&self, s: usize, buckets: &mut Buckets, f: &mut F) -> Result<(), Error>
     where
         F: FnMut(&mut DeviceStep<'_>) -> Result<(), Error>,
     {
-        let s = self.inputs.take()?;
         let n = self.members.len();
         buckets.start(n);
-        let group = &*self;
+        let group = self;
         let slot = group.inputs.slot(s);
         for d in 0..n {
             f(&mut DeviceStep {

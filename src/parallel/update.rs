@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::group::{Member, ParamVars};
+use super::group::{HostVars, Member, ParamVars};
 use super::ring::serial_sum_into;
 use crate::dep::{Var, VarKey};
 use crate::device::Lane;
@@ -37,7 +37,9 @@ pub enum Update {
 
 /// The optimizer step, `f(weights, summed_gradient)`.
 #[derive(Clone)]
-pub(super) struct Optimizer(pub(super) Arc<dyn Fn(&mut [f32], &[f32]) + Send + Sync>);
+pub(super) struct Optimizer(pub(super) Arc<OptimizerFn>);
+
+type OptimizerFn = dyn Fn(&mut [f32], &[f32]) + Send + Sync;
 
 impl std::fmt::Debug for Optimizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -178,7 +180,7 @@ impl HostSum {
 
 /// The host's weights and gradient of `p` (it has them under
 /// [`Update::Host`]).
-fn host(p: &ParamVars) -> &(Var<Vec<f32>>, Var<Vec<f32>>) {
+fn host(p: &ParamVars) -> &HostVars {
     p.host.as_ref().expect("host variables under Update::Host")
 }
 
