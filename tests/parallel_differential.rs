@@ -101,21 +101,23 @@ fn ring_order(buffers: &[Vec<f32>]) -> Vec<f32> {
     out
 }
 
-/// The buckets, by the documented rule: consecutive parameters while they
-/// fit in `bytes`, a larger one alone.
+/// The buckets, by the documented rule: filled from the last parameter
+/// back, consecutive parameters while they fit in `bytes`, a larger one
+/// alone.
 fn buckets(lens: &[usize], bytes: usize) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut used = 0;
-    for (p, &len) in lens.iter().enumerate() {
+    for p in (0..lens.len()).rev() {
         match out.last_mut() {
-            Some(last) if used + len * 4 <= bytes => last.push(p),
+            Some(last) if used + lens[p] * 4 <= bytes => last.insert(0, p),
             _ => {
                 out.push(vec![p]);
                 used = 0;
             }
         }
-        used += len * 4;
+        used += lens[p] * 4;
     }
+    out.reverse();
     out
 }
 

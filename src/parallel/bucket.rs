@@ -1,16 +1,43 @@
 //! Buckets: consecutive parameters whose gradients are reduced together,
-//! fixed at the first step; and the bookkeeping of one step, which pushes a
+//! fixed at the first step (filled from the last parameter back, as
+//! backward writes gradients); and the bookkeeping of one step, which pushes a
 //! bucket's reduction (and its update) as soon as every device has pushed
 //! the ops that write its gradients.
 //!
-//! Bucket `b` of `B` has priority `B - b`: the first layer's parameters
-//! (added first) are reduced and updated first, as the next forward pass
-//! needs them first.
+//! Bucket `b` of `B` (in parameter order) has priority `B - b`: the first
+//! layer's parameters (added first) are reduced and updated first, as the
+//! next forward pass needs them first.
 
 use super::allreduce::AllReduce;
 use super::group::{Group, ParamVars};
 use super::update::{HostSum, Update, every_replica};
 use crate::error::Error;
+
+/// The buckets of parameters of `lens` floats: filled from the last
+/// parameter back (backward writes the last layer's gradients first, so a
+/// bucket's gradients are ready about together, as in PyTorch's DDP),
+/// consecutive parameters while they fit in `bytes` (a larger one alone);
+/// listed in parameter order.
+fn cuts(
+    lens: impl DoubleEndedIterator<Item = usize> + ExactSizeIterator,
+    bytes: usize,
+) -> Vec<Vec<usize>> {
+    let mut cuts: Vec<Vec<usize>> = Vec::new();
+    let mut used = 0;
+    for (i, len) in lens.enumerate().rev() {
+        let size = len * 4;
+        match cuts.last_mut() {
+            Some(last) if used + size <= bytes => last.insert(0, i),
+            _ => {
+                cuts.push(vec![i]);
+                used = 0;
+            }
+        }
+        used += size;
+    }
+    cuts.reverse();
+    cuts
+}
 
 /// One bucket.
 #[derive(Debug)]
@@ -44,19 +71,7 @@ impl Buckets {
     /// Groups the parameters into buckets of at most `group.bucket_bytes`.
     pub(super) fn new(group: &Group) -> Result<Self, Error> {
         let n = group.members.len();
-        let mut cuts: Vec<Vec<usize>> = Vec::new();
-        let mut bytes = 0;
-        for (i, p) in group.params.iter().enumerate() {
-            let size = p.len * 4;
-            match cuts.last_mut() {
-                Some(last) if bytes + size <= group.bucket_bytes => last.push(i),
-                _ => {
-                    cuts.push(vec![i]);
-                    bytes = 0;
-                }
-            }
-            bytes += size;
-        }
+        let cuts = cuts(group.params.iter().map(|p| p.len), group.bucket_bytes);
         let mut of = vec![0; group.params.len()];
         let mut list = Vec::with_capacity(cuts.len());
         for (b, params) in cuts.into_iter().enumerate() {
@@ -160,5 +175,23 @@ impl Buckets {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuts;
+
+    #[test]
+    fn buckets_fill_from_the_last_parameter_back() {
+        // 4-byte floats: a 40-byte bucket holds 10. From the back: 5 (0
+        // floats), then 4 (20: too many to join, alone), 3, 2 and 1 (10
+        // together), 0 (would make 14).
+        assert_eq!(
+            cuts([4, 1, 6, 3, 20, 0].into_iter(), 40),
+            [vec![0], vec![1, 2, 3], vec![4], vec![5]]
+        );
+        assert_eq!(cuts([4, 1].into_iter(), 0), [vec![0], vec![1]]);
+        assert!(cuts(std::iter::empty(), 40).is_empty());
     }
 }

@@ -260,8 +260,9 @@ impl GroupBuilder {
         self
     }
 
-    /// Gradients are reduced in buckets of at most `bytes` (consecutive
-    /// parameters; a larger one alone). `0`: one bucket per parameter.
+    /// Gradients are reduced in buckets of at most `bytes`: consecutive
+    /// parameters, filled from the last one back (the order backward
+    /// writes them), a larger one alone. `0`: one bucket per parameter.
     pub fn bucket_bytes(mut self, bytes: usize) -> Self {
         self.bucket_bytes = bytes;
         self

@@ -21,7 +21,7 @@ pub struct DeviceStep<'g> {
     buckets: &'g mut Buckets,
 }
 
-impl DeviceStep<'_> {
+impl<'g> DeviceStep<'g> {
     /// The device's position in the group.
     pub fn index(&self) -> usize {
         self.d
@@ -33,17 +33,19 @@ impl DeviceStep<'_> {
     }
 
     /// The engine.
-    pub fn engine(&self) -> &Engine {
+    pub fn engine(&self) -> &'g Engine {
         &self.group.engine
     }
 
     /// This device's shard of input `i` (inputs in declaration order):
-    /// [`rows`](Self::rows) rows of its width.
+    /// [`rows`](Self::rows) rows of its width. (Like the other variables
+    /// here, borrowed from the group, not from `self`: they can be held
+    /// across [`grad_ready`](Self::grad_ready).)
     ///
     /// # Panics
     ///
     /// If the group has no input `i`.
-    pub fn input(&self, i: usize) -> &Var<Vec<f32>> {
+    pub fn input(&self, i: usize) -> &'g Var<Vec<f32>> {
         &self.slot.shards[self.d][i]
     }
 
@@ -58,13 +60,13 @@ impl DeviceStep<'_> {
     }
 
     /// This device's replica of `p`.
-    pub fn replica(&self, p: Param) -> &Var<Vec<f32>> {
+    pub fn replica(&self, p: Param) -> &'g Var<Vec<f32>> {
         self.group.replica(p, self.d)
     }
 
     /// This device's gradient of `p`: the step's backward ops write it
     /// (whole: it is not zeroed in between), the reduction sums it.
-    pub fn grad(&self, p: Param) -> &Var<Vec<f32>> {
+    pub fn grad(&self, p: Param) -> &'g Var<Vec<f32>> {
         self.group.grad(p, self.d)
     }
 
