@@ -32,7 +32,7 @@ fn engine(n: usize, gpu: bool, tracing: Tracing) -> (Engine, Vec<Device>) {
 fn values(seed: u64, len: usize) -> Vec<f32> {
     (0..len)
         .map(|i| {
-            let z = mix(seed ^ (i as u64) << 20);
+            let z = mix(seed ^ ((i as u64) << 20));
             let exp = (z % 24) as i32 - 12;
             ((z >> 32) as f32 / u32::MAX as f32 - 0.5) * 2f32.powi(exp)
         })

@@ -72,7 +72,7 @@ fn value(z: u64) -> f32 {
 
 fn batch(seed: u64, step: usize, rows: usize) -> Vec<f32> {
     (0..rows)
-        .map(|i| value(mix(seed ^ (step as u64) << 32 ^ i as u64)))
+        .map(|i| value(mix(seed ^ ((step as u64) << 32) ^ i as u64)))
         .collect()
 }
 
@@ -81,7 +81,12 @@ fn grad(w: &[f32], x: &[f32], seed: u64, step: usize, d: usize, p: usize) -> Vec
     let s: f32 = x.iter().sum();
     w.iter()
         .enumerate()
-        .map(|(i, w)| w * s + value(mix(seed ^ ((step * 8 + d) * 8 + p) as u64 * 131 + i as u64)))
+        .map(|(i, w)| {
+            w * s
+                + value(mix(
+                    seed ^ (((step * 8 + d) * 8 + p) as u64 * 131 + i as u64)
+                ))
+        })
         .collect()
 }
 

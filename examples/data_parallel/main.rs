@@ -30,7 +30,7 @@ use std::time::Instant;
 use data::{CLASSES, Data, FEATURES, Rng};
 use depflow::parallel::{Group, Overlap};
 use depflow::{Engine, Error, Executor, Tracing};
-use model::Mlp;
+use model::{Mlp, Weights};
 
 const SEED: u64 = 42;
 const BATCH: usize = 128;
@@ -121,7 +121,7 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
     engine.stop_trace()?;
     let trace = engine.trace()?;
     let overlap = (n > 1).then(|| Overlap::measure(&trace, |op| op.name() == Some("backward")));
-    let replica = |d: usize| -> Result<Vec<(Vec<f32>, Vec<f32>)>, Error> {
+    let replica = |d: usize| -> Result<Weights, Error> {
         mlp.params
             .iter()
             .map(|&(w, b)| Ok((group.weights(w, d)?, group.weights(b, d)?)))

@@ -19,6 +19,9 @@ pub struct Scratch {
     pub losses: Var<Vec<f32>>,
 }
 
+/// A model's weights, read back: per layer, weights and bias.
+pub type Weights = Vec<(Vec<f32>, Vec<f32>)>;
+
 pub struct Mlp {
     pub dims: Vec<usize>,
     /// Per layer: weights (in x out) and bias.
@@ -189,7 +192,7 @@ impl Mlp {
     }
 
     /// Held-out accuracy of `weights` (per layer: weights, bias), on the host.
-    pub fn accuracy(&self, weights: &[(Vec<f32>, Vec<f32>)], x: &[f32], y: &[f32]) -> f64 {
+    pub fn accuracy(&self, weights: &Weights, x: &[f32], y: &[f32]) -> f64 {
         let rows = y.len();
         let mut h =
             ndarray::Array2::from_shape_vec((rows, self.dims[0]), x.to_vec()).expect("shape");
