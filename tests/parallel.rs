@@ -428,3 +428,107 @@ fn a_failing_backward_op_poisons_every_replica_and_only_its_bucket() {
         }
     });
 }
+
+#[test]
+fn a_stream_devices_split_and_copy_back_go_to_its_host_to_device_lane() {
+    // d0 a CPU device, d1 a simulated GPU with one compute stream: its
+    // host-to-device lane is lane 1.
+    let (engine, devices) = engine(2, true, Tracing::On);
+    let mut group = Group::builder(&engine)
+        .devices(devices)
+        .input(1)
+        .update(Update::Host)
+        .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
+        .build()
+        .unwrap();
+    let p = group.param(&[0.0]).unwrap();
+    group.load(vec![vec![1.0, 2.0]]).unwrap();
+    group.step(|_| Ok(())).unwrap();
+    engine.wait_all().wait().unwrap();
+    let trace = engine.trace().unwrap();
+    let lanes = |name: &str| -> Vec<(String, Option<u8>)> {
+        trace
+            .ops()
+            .iter()
+            .filter(|op| op.name() == Some(name))
+            .map(|op| (op.device().to_string(), op.lane()))
+            .collect()
+    };
+    let want = vec![("d0".to_string(), None), ("d1".to_string(), Some(1))];
+    assert_eq!(lanes("split"), want);
+    assert_eq!(lanes("copy back"), want);
+    assert_eq!(group.weights(p, 1).unwrap(), [0.0]);
+}
+
+#[test]
+fn the_first_layers_reduction_goes_first() {
+    within(60, || {
+        // One worker per device, held until everything is pushed: then
+        // both buckets' packs are made ready by one op, and the worker
+        // picks by priority.
+        let (engine, devices) = engine(2, false, Tracing::On);
+        let mut group = Group::builder(&engine)
+            .devices(devices.clone())
+            .bucket_bytes(0)
+            .build()
+            .unwrap();
+        let (first, last) = (
+            group.param(&[0.0; 3]).unwrap(),
+            group.param(&[0.0; 5]).unwrap(),
+        );
+        let gates: Vec<_> = devices
+            .iter()
+            .map(|&d| {
+                let (open, gate) = std::sync::mpsc::channel::<()>();
+                let held = engine.new_var();
+                engine
+                    .op()
+                    .on(d)
+                    .mutates(&[&held])
+                    .run(move |_| {
+                        gate.recv()?;
+                        Ok(())
+                    })
+                    .unwrap();
+                open
+            })
+            .collect();
+        group
+            .step(|s| {
+                // One backward op writes both gradients (the last layer's
+                // is marked first, as backward would).
+                let (a, b) = (s.grad(first), s.grad(last));
+                let (ak, bk) = (a.key(), b.key());
+                s.engine()
+                    .op()
+                    .name("backward")
+                    .on(s.device())
+                    .mutates(&[a, b])
+                    .run(move |ctx| {
+                        ctx.write(ak)?.fill(1.0);
+                        ctx.write(bk)?.fill(1.0);
+                        Ok(())
+                    })?;
+                s.grad_ready(last)?;
+                s.grad_ready(first)
+            })
+            .unwrap();
+        gates.iter().for_each(|g| g.send(()).unwrap());
+        engine.wait_all().wait().unwrap();
+        let trace = engine.trace().unwrap();
+        let first_grad = group.grad(first, 0).id();
+        let mut packs: Vec<_> = trace
+            .ops()
+            .iter()
+            .filter(|op| op.name() == Some("allreduce pack") && op.device() == "d0")
+            .collect();
+        packs.sort_by_key(|op| op.started());
+        assert_eq!(packs.len(), 2);
+        assert_eq!(
+            packs[0].reads(),
+            [first_grad],
+            "the first layer's bucket is packed first"
+        );
+        assert_eq!(engine.get(group.grad(first, 1)).wait().unwrap(), [2.0; 3]);
+    });
+}
