@@ -16,12 +16,29 @@ pub struct Overlap {
     pub hidden: Duration,
     /// How many all-reduce ops the trace holds (with both timestamps).
     pub ops: usize,
+    /// How many of them started while a compute op was running.
+    pub started_under: usize,
 }
 
 impl Overlap {
     /// Measures `trace`: `compute` says which ops are compute (the
     /// backward ops, say: `|op| op.name().is_some_and(|n| n.contains("backward"))`).
     pub fn measure(trace: &Trace, compute: impl Fn(&TracedOp) -> bool) -> Self {
+        Self::between(
+            trace,
+            |op| op.name().is_some_and(|n| n.starts_with("allreduce")),
+            compute,
+        )
+    }
+
+    /// As [`measure`](Self::measure), for the ops `reduce` picks (the host
+    /// aggregation of [`Update::Host`](super::Update::Host), named `host
+    /// sum`, say) instead of the all-reduce's.
+    pub fn between(
+        trace: &Trace,
+        reduce: impl Fn(&TracedOp) -> bool,
+        compute: impl Fn(&TracedOp) -> bool,
+    ) -> Self {
         let span = |op: &TracedOp| Some((op.started()?, op.ended()?));
         let mut busy: Vec<(Duration, Duration)> = trace
             .ops()
@@ -40,11 +57,14 @@ impl Overlap {
         }
         let mut out = Overlap::default();
         for op in trace.ops() {
-            let reduce = op.name().is_some_and(|n| n.starts_with("allreduce"));
-            let Some((s, e)) = span(op).filter(|_| reduce) else {
+            let Some((s, e)) = span(op).filter(|_| reduce(op)) else {
                 continue;
             };
             out.ops += 1;
+            let i = merged.partition_point(|&(_, end)| end <= s);
+            if merged.get(i).is_some_and(|&(bs, _)| bs <= s) {
+                out.started_under += 1;
+            }
             out.reduce += e.saturating_sub(s);
             let first = merged.partition_point(|&(_, end)| end <= s);
             for &(bs, be) in merged[first..].iter().take_while(|&&(bs, _)| bs < e) {
