@@ -169,9 +169,8 @@ impl Buckets {
                 }
             }
             Reduce::Host(sum) => {
-                let params: Vec<&ParamVars> =
-                    bucket.params.iter().map(|&p| &group.params[p]).collect();
-                sum.push(&group.engine, &group.members, &params, opt, priority)?;
+                let params = bucket.params.iter().map(|&p| &group.params[p]);
+                sum.push(&group.engine, &group.members, params, opt, priority)?;
             }
         }
         Ok(())

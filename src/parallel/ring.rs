@@ -21,8 +21,8 @@
 //! aggregation of [`Update::Host`](super::Update::Host) uses, so both update
 //! modes give the same bits.
 //!
-//! Nothing here knows a gradient: the group packs a bucket's gradients into
-//! each device's chunks before ([`pack`](super::bucket)) and unpacks them
+//! Nothing here knows a gradient: [`AllReduce`](super::AllReduce) packs a
+//! bucket's gradients into each device's chunks before and unpacks them
 //! after.
 
 use std::sync::Arc;

@@ -101,11 +101,11 @@ impl HostSum {
 
     /// Pushes the sum of the bucket's gradients into the host's, then per
     /// parameter the update and the copies back.
-    pub(super) fn push(
+    pub(super) fn push<'p>(
         &self,
         engine: &Engine,
         members: &[Member],
-        params: &[&ParamVars],
+        params: impl Iterator<Item = &'p ParamVars> + Clone,
         opt: Option<&Optimizer>,
         priority: i32,
     ) -> Result<(), Error> {
@@ -114,7 +114,7 @@ impl HostSum {
             .name("host sum")
             .priority(priority)
             .mutates(&[&self.scratch]);
-        for p in params {
+        for p in params.clone() {
             op = op.reads_each(&p.grads).mutates(&[&host(p).1]);
         }
         let (scratch, grads, sums) = (self.scratch.key(), self.grads.clone(), self.sums.clone());
