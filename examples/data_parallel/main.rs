@@ -6,7 +6,15 @@
 //! cargo run --release --example data_parallel
 //! cargo run --release --example data_parallel -- --epochs 3
 //! cargo run --release --example data_parallel -- --comm
+//! cargo run --release --example data_parallel -- --simulated-gpus
 //! ```
+//!
+//! With `--simulated-gpus` the devices are simulated GPUs
+//! (`Executor::simulated_gpu`): the splits go to their host-to-device lane,
+//! and every op's body runs on the device's launcher thread (the buffers
+//! are host memory: there is no kernel to enqueue). No overlap figure
+//! then: a stream op's span in the trace runs until the device's poller
+//! sees its completion, not only while its work ran.
 //!
 //! Each device count trains the same model from the same initial weights
 //! on the same batches: every batch is split over the devices (the next
@@ -54,13 +62,20 @@ struct Args {
     epochs: usize,
     /// Reductions on a communication device of their own per device.
     comm: bool,
+    /// Simulated GPUs instead of CPU devices.
+    gpus: bool,
 }
 
 fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
     let (epochs, comm) = (args.epochs, args.comm);
     let mut b = Engine::builder().threads(1).tracing(Tracing::Paused);
     for d in 0..n {
-        b = b.device(format!("cpu{d}"), Executor::pool(1));
+        let exec = if args.gpus {
+            Executor::simulated_gpu(1)
+        } else {
+            Executor::pool(1)
+        };
+        b = b.device(format!("cpu{d}"), exec);
         if comm {
             b = b.device(format!("comm{d}"), Executor::pool(1));
         }
@@ -120,7 +135,10 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
     }
     engine.stop_trace()?;
     let trace = engine.trace()?;
-    let overlap = (n > 1).then(|| Overlap::measure(&trace, |op| op.name() == Some("backward")));
+    // On a stream device an op's span runs from its launch until the
+    // poller sees its event: not the time its work ran. No figure there.
+    let overlap =
+        (n > 1 && !args.gpus).then(|| Overlap::measure(&trace, |op| op.name() == Some("backward")));
     let replica = |d: usize| -> Result<Weights, Error> {
         mlp.params
             .iter()
@@ -142,10 +160,12 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
 }
 
 fn args() -> Result<Args, Error> {
-    let usage = || Error::Config("usage: data_parallel [--epochs N] [--comm]".into());
+    let usage =
+        || Error::Config("usage: data_parallel [--epochs N] [--comm] [--simulated-gpus]".into());
     let mut args = Args {
         epochs: DEFAULT_EPOCHS,
         comm: false,
+        gpus: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -158,6 +178,7 @@ fn args() -> Result<Args, Error> {
                     .ok_or_else(usage)?
             }
             "--comm" => args.comm = true,
+            "--simulated-gpus" => args.gpus = true,
             _ => return Err(usage()),
         }
     }
@@ -168,8 +189,13 @@ fn run() -> Result<bool, Error> {
     let args = args()?;
     let epochs = args.epochs;
     let data = Data::load(SEED);
+    let kind = if args.gpus {
+        "simulated GPUs"
+    } else {
+        "CPU devices"
+    };
     println!(
-        "digits: {} training, {} held-out samples; MLP {FEATURES}-{:?}-{CLASSES}; batch {} split over the devices, {epochs} epochs",
+        "digits: {} training, {} held-out samples; MLP {FEATURES}-{:?}-{CLASSES}; batch {} split over the devices ({kind}), {epochs} epochs",
         data.train_y.len(),
         data.test_y.len(),
         HIDDEN,
