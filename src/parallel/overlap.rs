@@ -1,5 +1,9 @@
 //! [`Overlap`]: how much of the all-reduce's time ran while compute ops
 //! ran, measured from a [`Trace`]'s per-op start and end timestamps.
+//!
+//! Meant for ops on CPU devices: on a stream device an op's span runs from
+//! its launch until the device's poller sees its event, which is not the
+//! time its work ran.
 
 use std::time::Duration;
 
