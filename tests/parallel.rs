@@ -532,3 +532,60 @@ fn the_first_layers_reduction_goes_first() {
         assert_eq!(engine.get(group.grad(first, 1)).wait().unwrap(), [2.0; 3]);
     });
 }
+
+#[test]
+fn overlap_counts_the_reduction_time_spent_under_compute() {
+    within(60, || {
+        // "backward" on d0 runs until an op that follows "allreduce x" has
+        // started; "allreduce x" is pushed once "backward" runs: the
+        // reduction's whole span lies inside the backward op's.
+        let (engine, devices) = engine(2, false, Tracing::On);
+        let (started, running) = std::sync::mpsc::channel::<()>();
+        let (after, done) = std::sync::mpsc::channel::<()>();
+        let (a, b, c) = (engine.new_var(), engine.new_var(), engine.new_var());
+        engine
+            .op()
+            .name("backward")
+            .on(devices[0])
+            .mutates(&[&a])
+            .run(move |_| {
+                started.send(())?;
+                done.recv()?;
+                Ok(())
+            })
+            .unwrap();
+        running.recv().unwrap();
+        engine
+            .op()
+            .name("allreduce x")
+            .on(devices[1])
+            .mutates(&[&b])
+            .run(|_| Ok(()))
+            .unwrap();
+        engine
+            .op()
+            .name("after")
+            .on(devices[1])
+            .reads(&[&b])
+            .mutates(&[&c])
+            .run(move |_| {
+                after.send(())?;
+                Ok(())
+            })
+            .unwrap();
+        engine.wait_all().wait().unwrap();
+        let trace = engine.trace().unwrap();
+        let o = Overlap::measure(&trace, |op| op.name() == Some("backward"));
+        assert_eq!((o.ops, o.started_under), (1, 1));
+        assert!(!o.reduce.is_zero());
+        assert_eq!(o.hidden, o.reduce);
+        assert_eq!(o.fraction(), 1.0);
+        // Nothing counts as compute: nothing hidden.
+        let none = Overlap::measure(&trace, |_| false);
+        assert_eq!(
+            (none.ops, none.started_under, none.hidden),
+            (1, 0, Default::default())
+        );
+        assert_eq!(none.fraction(), 0.0);
+    });
+}

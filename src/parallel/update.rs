@@ -31,7 +31,8 @@ pub enum Update {
     #[default]
     EveryReplica,
     /// Once on the host: gradients summed there, weights updated there and
-    /// copied back to every replica; no all-reduce.
+    /// copied back to every replica; no all-reduce (the devices' gradients
+    /// stay their own: the sum is the host's).
     Host,
 }
 
