@@ -589,3 +589,61 @@ fn overlap_counts_the_reduction_time_spent_under_compute() {
         assert_eq!(none.fraction(), 0.0);
     });
 }
+
+#[test]
+fn after_a_failure_clear_poison_lets_training_go_on() {
+    within(60, || {
+        for update in [Update::EveryReplica, Update::Host] {
+            let (engine, devices) = engine(3, false, Tracing::Off);
+            let mut group = Group::builder(&engine)
+                .devices(devices)
+                .update(update)
+                .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
+                .build()
+                .unwrap();
+            let p = group.param(&[1.0; 4]).unwrap();
+            // Every device's gradient is 1; device 1 fails where asked.
+            let mut step = |group: &mut Group, fail: bool| {
+                group
+                    .step(|s| {
+                        let (g, failing) = (s.grad(p).key(), fail && s.index() == 1);
+                        s.engine()
+                            .op()
+                            .name("backward")
+                            .on(s.device())
+                            .mutates(&[s.grad(p)])
+                            .run(move |ctx| {
+                                if failing {
+                                    return Err("out of memory".into());
+                                }
+                                ctx.write(g)?.fill(1.0);
+                                Ok(())
+                            })?;
+                        Ok(())
+                    })
+                    .unwrap()
+            };
+            step(&mut group, false);
+            step(&mut group, true);
+            assert!(matches!(group.weights(p, 0), Err(Error::Poisoned(_))));
+            // Clearing only what the user can reach is not enough: the
+            // reductions' own buffers are poisoned too.
+            for d in 0..3 {
+                engine.clear_poison(group.replica(p, d)).unwrap();
+                engine.clear_poison(group.grad(p, d)).unwrap();
+            }
+            step(&mut group, false);
+            assert!(
+                matches!(group.weights(p, 2), Err(Error::Poisoned(_))),
+                "{update:?}"
+            );
+            // The group's clear: the next step runs, from the weights of
+            // before the failed update (1 - 3 after step 0, then - 3).
+            group.clear_poison().unwrap();
+            step(&mut group, false);
+            for d in 0..3 {
+                assert_eq!(group.weights(p, d).unwrap(), [-5.0; 4], "{update:?}");
+            }
+        }
+    });
+}

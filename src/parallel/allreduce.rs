@@ -163,6 +163,16 @@ impl AllReduce {
         Ok(())
     }
 
+    /// The variables the all-reduce keeps for itself (the backend's
+    /// chunks), for [`Group::clear_poison`](super::Group::clear_poison).
+    pub(super) fn own_vars(&self) -> impl Iterator<Item = &Var<Vec<f32>>> {
+        let ring = match &self.plan {
+            Plan::Alone => None,
+            Plan::Ring(ring) => Some(ring),
+        };
+        ring.into_iter().flat_map(|r| r.chunks.iter().flatten())
+    }
+
     /// Device `d`'s segments, concatenated, into its chunks.
     fn pack(&self, engine: &Engine, ring: &Ring, d: usize, priority: i32) -> Result<(), Error> {
         let mut op = engine

@@ -11,6 +11,7 @@
 use super::allreduce::AllReduce;
 use super::group::{Group, ParamVars};
 use super::update::{HostSum, Update, every_replica};
+use crate::engine::Engine;
 use crate::error::Error;
 
 /// The buckets of parameters of `lens` floats: filled from the last
@@ -142,6 +143,23 @@ impl Buckets {
             for d in 0..n {
                 if !self.marked[p * n + d] {
                     self.mark(group, p, d)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears the poison of the variables the buckets keep for themselves.
+    pub(super) fn clear_poison(&self, engine: &Engine) -> Result<(), Error> {
+        for bucket in &self.list {
+            match &bucket.reduce {
+                Reduce::AllReduce(reduce) => {
+                    for v in reduce.own_vars() {
+                        engine.clear_poison(v)?;
+                    }
+                }
+                Reduce::Host(sum) => {
+                    engine.clear_poison(sum.scratch())?;
                 }
             }
         }

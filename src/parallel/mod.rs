@@ -37,9 +37,10 @@
 //! A failing op poisons as usual: a failed backward op poisons its
 //! gradient, the reduction's ops skip on it and poison the sum on *every*
 //! device, and so every replica's updated weights; reading them returns
-//! [`Error::Poisoned`](crate::Error::Poisoned) with the original failure
-//! ([`Engine::clear_poison`](crate::Engine::clear_poison) resets them,
-//! but their values are then those of before the failed step's update).
+//! [`Error::Poisoned`](crate::Error::Poisoned) with the original failure.
+//! [`Group::clear_poison`] clears it from every variable of the group (the
+//! reductions' own buffers included) so that training can go on, from the
+//! weights of before the failed step's update.
 //!
 //! On a stream device the group's ops (split, reduction, update) do their
 //! work in the op's body on the device's launcher thread: the buffers are

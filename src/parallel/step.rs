@@ -86,6 +86,33 @@ impl<'g> DeviceStep<'g> {
 }
 
 impl Group {
+    /// Clears the poison a failed op left on the group's variables
+    /// (replicas, gradients, the host's copies, and the reductions' own
+    /// buffers, which the user cannot reach), so that training can go on:
+    /// the replicas then hold their values from before the failed step's
+    /// update (which did not run). Pushed like any op, behind what is
+    /// already pushed on those variables.
+    ///
+    /// # Errors
+    ///
+    /// The engine's errors pushing the ops ([`Error::ShutDown`], say).
+    pub fn clear_poison(&self) -> Result<(), Error> {
+        let e = &self.engine;
+        for p in &self.params {
+            for v in p.replicas.iter().chain(&p.grads) {
+                e.clear_poison(v)?;
+            }
+            if let Some((w, g)) = &p.host {
+                e.clear_poison(w)?;
+                e.clear_poison(g)?;
+            }
+        }
+        match &self.buckets {
+            Some(buckets) => buckets.clear_poison(e),
+            None => Ok(()),
+        }
+    }
+
     /// Pushes one training step on the oldest loaded batch: `f` once per
     /// device, in order, to push that device's forward and backward ops;
     /// then what is left of the gradients' reductions, and the updates.

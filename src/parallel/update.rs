@@ -100,6 +100,11 @@ impl HostSum {
         }
     }
 
+    /// Its scratch variable.
+    pub(super) fn scratch(&self) -> &Var<Vec<Vec<f32>>> {
+        &self.scratch
+    }
+
     /// Pushes the sum of the bucket's gradients into the host's, then per
     /// parameter the update and the copies back.
     pub(super) fn push<'p>(
