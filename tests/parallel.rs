@@ -603,7 +603,7 @@ fn after_a_failure_clear_poison_lets_training_go_on() {
                 .unwrap();
             let p = group.param(&[1.0; 4]).unwrap();
             // Every device's gradient is 1; device 1 fails where asked.
-            let mut step = |group: &mut Group, fail: bool| {
+            let step = |group: &mut Group, fail: bool| {
                 group
                     .step(|s| {
                         let (g, failing) = (s.grad(p).key(), fail && s.index() == 1);
