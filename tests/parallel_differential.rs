@@ -1,5 +1,6 @@
 //! Random data-parallel programs (device counts and kinds, parameters,
-//! buckets, update modes, failing backward ops) against a serial replay:
+//! buckets, update modes, failing backward ops, clearing the poison)
+//! against a serial replay:
 //! every replica's weights must be the replay's, bit for bit, or poisoned
 //! exactly where the replay says.
 //!
@@ -29,6 +30,8 @@ struct Program {
     fails: Vec<Vec<Vec<bool>>>,
     /// Whether device `d` marks gradients ready as it goes.
     marks: Vec<bool>,
+    /// Whether `Group::clear_poison` is called before step `k`.
+    clears: Vec<bool>,
 }
 
 fn generate(seed: u64) -> Program {
@@ -36,7 +39,7 @@ fn generate(seed: u64) -> Program {
     let n = 1 + r.below(5) as usize;
     let params = 1 + r.below(4) as usize;
     let steps = 1 + r.below(4) as usize;
-    Program {
+    let mut prog = Program {
         seed,
         kinds: (0..n).map(|_| (r.below(3), r.below(2) == 0)).collect(),
         lens: (0..params).map(|_| r.below(21) as usize).collect(),
@@ -56,7 +59,16 @@ fn generate(seed: u64) -> Program {
             })
             .collect(),
         marks: (0..n).map(|_| r.below(2) == 0).collect(),
+        clears: (0..steps).map(|_| r.below(3) == 0).collect(),
+    };
+    // On a stream device, ops behind a failed one on the same device still
+    // run their bodies (they are enqueued before the failure is known), so
+    // a cleared variable's value there is not the replay's: clear only
+    // without stream devices.
+    if prog.kinds.iter().any(|&(kind, _)| kind == 1) {
+        prog.clears.fill(false);
     }
+    prog
 }
 
 fn init(p: usize, len: usize) -> Vec<f32> {
@@ -136,7 +148,14 @@ fn replay(prog: &Program) -> Vec<Option<Vec<f32>>> {
         .enumerate()
         .map(|(p, &l)| Some(init(p, l)))
         .collect();
+    // A poisoned parameter's weights stay those of its last update.
+    let mut last: Vec<Vec<f32>> = w.iter().flatten().cloned().collect();
     for step in 0..prog.steps {
+        if prog.clears[step] {
+            for (w, last) in w.iter_mut().zip(&last) {
+                *w = Some(last.clone());
+            }
+        }
         let x = batch(prog.seed, step, prog.rows * n);
         let grads: Vec<Vec<Option<Vec<f32>>>> = (0..n)
             .map(|d| {
@@ -178,6 +197,7 @@ fn replay(prog: &Program) -> Vec<Option<Vec<f32>>> {
                     for (w, g) in w.iter_mut().zip(&sum[at..]) {
                         *w -= LR * g;
                     }
+                    last[p].clone_from(w);
                     at += prog.lens[p];
                 }
             }
@@ -221,6 +241,9 @@ fn run(prog: &Program) -> Vec<Vec<Result<Vec<f32>, Error>>> {
         .load(vec![batch(prog.seed, 0, prog.rows * n)])
         .unwrap();
     for step in 0..prog.steps {
+        if prog.clears[step] {
+            group.clear_poison().unwrap();
+        }
         if step + 1 < prog.steps {
             group
                 .load(vec![batch(prog.seed, step + 1, prog.rows * n)])

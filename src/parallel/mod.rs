@@ -40,7 +40,12 @@
 //! [`Error::Poisoned`](crate::Error::Poisoned) with the original failure.
 //! [`Group::clear_poison`] clears it from every variable of the group (the
 //! reductions' own buffers included) so that training can go on, from the
-//! weights of before the failed step's update.
+//! weights of before the failed step's update. Not quite on a stream
+//! device: there the ops behind a failed one on the same device are
+//! enqueued before the failure is known (the stream model: no host round
+//! trip), so their bodies, which do the group's work, still run; after a
+//! clear, a stream device's replica may hold the failed step's update
+//! while the others do not. Reload the weights into every replica then.
 //!
 //! On a stream device the group's ops (split, reduction, update) do their
 //! work in the op's body on the device's launcher thread: the buffers are

@@ -90,7 +90,8 @@ impl Group {
     /// (replicas, gradients, the host's copies, and the reductions' own
     /// buffers, which the user cannot reach), so that training can go on:
     /// the replicas then hold their values from before the failed step's
-    /// update (which did not run). Pushed like any op, behind what is
+    /// update (which did not run; on a stream device it may have: see the
+    /// [module docs](crate::parallel)). Pushed like any op, behind what is
     /// already pushed on those variables.
     ///
     /// # Errors
