@@ -122,8 +122,17 @@ fn an_all_reduce_repeats_and_counts_its_ops() {
     }
     engine.wait_all().wait().unwrap();
     // Per push: 3 packs, 2 * 3 * 2 ring steps, 3 unpacks; nothing is compute.
-    let overlap = Overlap::measure(&engine.trace().unwrap(), |_| false);
+    let trace = engine.trace().unwrap();
+    let overlap = Overlap::measure(&trace, |_| false);
     assert_eq!(overlap.ops, 2 * (3 + 12 + 3));
+    // Each device receives 2 (n - 1) chunks a push: one reduce-scatter
+    // and one all-gather op per ring step, each on a third of the buffer.
+    for d in ["d0", "d1", "d2"] {
+        let ring = trace.ops().iter().filter(|op| {
+            op.device() == d && matches!(op.name(), Some("allreduce reduce" | "allreduce gather"))
+        });
+        assert_eq!(ring.count(), 2 * 2 * 2, "device {d}");
+    }
     assert_eq!(overlap.hidden, std::time::Duration::ZERO);
 }
 
