@@ -1,10 +1,13 @@
 //! The case study of seed 000, for real: a two-layer network trained on two
 //! devices (here two CPU devices, each with its own worker thread), one half
-//! of every batch each. Every step (forward, loss gradient and backward per
-//! device, gradient aggregation, SGD update, copy-back of the weights) is
-//! pushed as a plain serial program; the engine runs it in parallel as the
-//! dependencies allow. In particular the second layer's gradients are
-//! aggregated while the devices still run the first layer's backward pass.
+//! of every batch each, written with `depflow::parallel`. A [`Group`] splits
+//! each batch over the devices, keeps a replica of the weights on each, and
+//! after each layer's backward pass aggregates that layer's gradients on
+//! the CPU, updates the CPU's weights and copies them back to both devices
+//! (`Update::Host`: seed 000's program). The step pushes a plain serial
+//! program per device; the engine runs it in parallel as the dependencies
+//! allow. In particular the second layer's gradients are aggregated while
+//! the devices still run the first layer's backward pass.
 //!
 //! ```text
 //! cargo run --release --example two_device_net
@@ -13,21 +16,22 @@
 //!
 //! It prints the loss as it falls, then runs the same program on the inline
 //! executor (serially, on one thread) and checks that the results are
-//! identical, and reports how much of the gradient aggregation overlapped
-//! with backward compute.
+//! identical, and reports, from the engine's trace (per-op start and end),
+//! how much of the gradient aggregation overlapped with backward compute.
 //!
 //! With `--trace PATH` it trains for only 4 iterations (a picture of 60
-//! would be too dense to read), with the engine recording a trace, and
-//! writes it as `PATH.json` (Chrome trace-event JSON: open it in
-//! ui.perfetto.dev) and `PATH.svg` (a timeline to open in a browser);
-//! an extension on `PATH` is replaced. Without the flag it trains for 60.
+//! would be too dense to read) and writes the trace as `PATH.json` (Chrome
+//! trace-event JSON: open it in ui.perfetto.dev) and `PATH.svg` (a timeline
+//! to open in a browser); an extension on `PATH` is replaced. Without the
+//! flag it trains for 60.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use depflow::{AnyVar, Device, Engine, Error, Executor, OpCtx, Tracing, Var};
-use ndarray::{Array1, Array2, Axis, s};
+use depflow::parallel::{DeviceStep, Group, Overlap, Param, Update};
+use depflow::{Engine, Error, Executor, Trace, Tracing, Var};
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayViewMut2};
 
 const SAMPLES: usize = 4096;
 const INPUTS: usize = 256;
@@ -39,8 +43,6 @@ const ITERATIONS: usize = 60;
 /// Iterations of a traced run (`--trace`).
 const TRACED_ITERATIONS: usize = 4;
 const LEARNING_RATE: f32 = 0.5;
-
-type Matrix = Array2<f32>;
 
 /// splitmix64, for reproducible synthetic data.
 struct Rng(u64);
@@ -59,24 +61,36 @@ impl Rng {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 
-    fn matrix(&mut self, rows: usize, cols: usize, scale: f32) -> Matrix {
-        Array2::from_shape_simple_fn((rows, cols), || self.uniform() * scale)
+    fn matrix(&mut self, rows: usize, cols: usize, scale: f32) -> Vec<f32> {
+        (0..rows * cols).map(|_| self.uniform() * scale).collect()
     }
 }
 
-/// Synthetic data: inputs, and labels from a fixed random linear teacher.
+fn view(v: &[f32], rows: usize, cols: usize) -> ArrayView2<'_, f32> {
+    ArrayView2::from_shape((rows, cols), v).expect("shape")
+}
+
+fn view_mut(v: &mut [f32], rows: usize, cols: usize) -> ArrayViewMut2<'_, f32> {
+    ArrayViewMut2::from_shape((rows, cols), v).expect("shape")
+}
+
+/// Synthetic data: inputs, and labels (as floats) from a fixed random
+/// linear teacher.
 struct Dataset {
-    inputs: Matrix,
-    labels: Array1<usize>,
+    inputs: Vec<f32>,
+    labels: Vec<f32>,
 }
 
 fn dataset(seed: u64) -> Dataset {
     let mut rng = Rng(seed);
     let inputs = rng.matrix(SAMPLES, INPUTS, 1.0);
     let teacher = rng.matrix(INPUTS, CLASSES, 1.0);
-    let labels = inputs
-        .dot(&teacher)
-        .map_axis(Axis(1), |row| argmax(row.iter().copied()));
+    let scores = view(&inputs, SAMPLES, INPUTS).dot(&view(&teacher, INPUTS, CLASSES));
+    let labels = scores
+        .rows()
+        .into_iter()
+        .map(|row| argmax(row.iter().copied()) as f32)
+        .collect();
     Dataset { inputs, labels }
 }
 
@@ -89,369 +103,235 @@ fn argmax(xs: impl Iterator<Item = f32>) -> usize {
         .0
 }
 
-/// Which kind of step an op is, for the timeline.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Step {
-    Forward,
-    /// Backward pass of layer 1 or 2.
-    Backward(u8),
-    /// Gradient aggregation of layer 1 or 2.
-    Aggregate(u8),
-    Other,
+impl Dataset {
+    /// Batch `i`: inputs and labels (the group splits it in halves).
+    fn batch(&self, i: usize) -> Vec<Vec<f32>> {
+        let start = i * BATCH % SAMPLES;
+        vec![
+            self.inputs[start * INPUTS..(start + BATCH) * INPUTS].to_vec(),
+            self.labels[start..start + BATCH].to_vec(),
+        ]
+    }
 }
 
-/// When each op ran, for the overlap report.
-#[derive(Default)]
-struct Timeline {
-    spans: Mutex<Vec<(usize, Step, Duration, Duration)>>,
-    clock: Option<Instant>,
-}
-
-/// The variables one device works on: its half batch, its copy of the
-/// weights, its activations and gradients.
-struct Replica {
-    device: Device,
-    data: Var<Matrix>,
-    labels: Var<Array1<usize>>,
-    fc1_weight: Var<Matrix>,
-    fc2_weight: Var<Matrix>,
-    fc1: Var<Matrix>,
-    fc2: Var<Matrix>,
-    fc2_ograd: Var<Matrix>,
-    fc1_ograd: Var<Matrix>,
-    fc1_wgrad: Var<Matrix>,
-    fc2_wgrad: Var<Matrix>,
+/// One device's activations and gradients (its weights and weight
+/// gradients are the group's).
+struct Scratch {
+    fc1: Var<Vec<f32>>,
+    fc2: Var<Vec<f32>>,
+    fc2_ograd: Var<Vec<f32>>,
+    fc1_ograd: Var<Vec<f32>>,
     loss: Var<f32>,
 }
 
-/// The whole model: two replicas and the CPU's master copy.
+/// The model's parameters (in the group) and each device's scratch.
+struct Model {
+    fc1_weight: Param,
+    fc2_weight: Param,
+    scratch: Vec<Scratch>,
+}
+
+/// The whole net: the group (two replicas, the CPU's master copy) and the
+/// model.
 struct Net {
-    engine: Engine,
-    cpu: Device,
-    replicas: [Replica; 2],
-    fc1_weight: Var<Matrix>,
-    fc2_weight: Var<Matrix>,
-    fc1_wgrad: Var<Matrix>,
-    fc2_wgrad: Var<Matrix>,
-    timeline: Arc<Timeline>,
+    group: Group,
+    model: Model,
 }
 
 impl Net {
-    fn new(
-        engine: Engine,
-        devices: [Device; 2],
-        cpu: Device,
-        seed: u64,
-        timeline: Arc<Timeline>,
-    ) -> Self {
+    fn new(engine: &Engine, seed: u64) -> Result<Self, Error> {
+        let devices = ["gpu0", "gpu1"].map(|d| engine.device(d).expect("built with it"));
+        let mut group = Group::builder(engine)
+            .devices(devices)
+            .input(INPUTS)
+            .input(1)
+            .update(Update::Host)
+            // Each layer aggregated on its own, as soon as it can be.
+            .bucket_bytes(0)
+            .optimizer(|w, g| {
+                w.iter_mut()
+                    .zip(g)
+                    .for_each(|(w, g)| *w -= LEARNING_RATE * g)
+            })
+            .build()?;
         let mut rng = Rng(seed ^ 0xDEAD_BEEF);
         let w1 = rng.matrix(INPUTS, HIDDEN, (6.0 / (INPUTS + HIDDEN) as f32).sqrt());
         let w2 = rng.matrix(HIDDEN, CLASSES, (6.0 / (HIDDEN + CLASSES) as f32).sqrt());
-        let zeros = |r, c| Array2::<f32>::zeros((r, c));
-        let replica = |device| Replica {
-            device,
-            data: engine.var(zeros(HALF, INPUTS)),
-            labels: engine.var(Array1::zeros(HALF)),
-            fc1_weight: engine.var(w1.clone()),
-            fc2_weight: engine.var(w2.clone()),
-            fc1: engine.var(zeros(HALF, HIDDEN)),
-            fc2: engine.var(zeros(HALF, CLASSES)),
-            fc2_ograd: engine.var(zeros(HALF, CLASSES)),
-            fc1_ograd: engine.var(zeros(HALF, HIDDEN)),
-            fc1_wgrad: engine.var(zeros(INPUTS, HIDDEN)),
-            fc2_wgrad: engine.var(zeros(HIDDEN, CLASSES)),
-            loss: engine.var(0.0),
+        let scratch = devices
+            .iter()
+            .map(|_| Scratch {
+                fc1: engine.var(vec![0.0; HALF * HIDDEN]),
+                fc2: engine.var(vec![0.0; HALF * CLASSES]),
+                fc2_ograd: engine.var(vec![0.0; HALF * CLASSES]),
+                fc1_ograd: engine.var(vec![0.0; HALF * HIDDEN]),
+                loss: engine.var(0.0),
+            })
+            .collect();
+        let model = Model {
+            fc1_weight: group.param(&w1)?,
+            fc2_weight: group.param(&w2)?,
+            scratch,
         };
-        Net {
-            replicas: [replica(devices[0]), replica(devices[1])],
-            fc1_weight: engine.var(w1),
-            fc2_weight: engine.var(w2),
-            fc1_wgrad: engine.var(zeros(INPUTS, HIDDEN)),
-            fc2_wgrad: engine.var(zeros(HIDDEN, CLASSES)),
-            engine,
-            cpu,
-            timeline,
-        }
-    }
-
-    /// Pushes one op: `f` runs on `device` once the engine allows it.
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &self,
-        name: &'static str,
-        iteration: usize,
-        step: Step,
-        device: Device,
-        reads: &[&dyn AnyVar],
-        mutates: &[&dyn AnyVar],
-        f: impl FnOnce(&OpCtx) -> Result<(), Error> + Send + 'static,
-    ) -> Result<(), Error> {
-        let timeline = self.timeline.clone();
-        self.engine
-            .op()
-            .name(name)
-            .on(device)
-            .reads(reads)
-            .mutates(mutates)
-            .run(move |ctx| {
-                let clock = timeline.clock.expect("clock");
-                let start = clock.elapsed();
-                f(ctx)?;
-                let end = clock.elapsed();
-                timeline
-                    .spans
-                    .lock()
-                    .unwrap()
-                    .push((iteration, step, start, end));
-                Ok(())
-            })?;
-        Ok(())
-    }
-
-    /// Pushes one training iteration, exactly in the order of the seed's
-    /// serial program.
-    fn iteration(&self, data: &Arc<Dataset>, i: usize) -> Result<(), Error> {
-        for (d, r) in self.replicas.iter().enumerate() {
-            // data[gpu_d].copyfrom(data[...]): this device's half of the batch.
-            let (dk, lk, data) = (r.data.key(), r.labels.key(), data.clone());
-            let start = (i * BATCH + d * HALF) % SAMPLES;
-            self.push(
-                "load",
-                i,
-                Step::Other,
-                r.device,
-                &[],
-                &[&r.data, &r.labels],
-                move |ctx| {
-                    ctx.write(dk)?
-                        .assign(&data.inputs.slice(s![start..start + HALF, ..]));
-                    ctx.write(lk)?
-                        .assign(&data.labels.slice(s![start..start + HALF]));
-                    Ok(())
-                },
-            )?;
-            // fc1 = relu(data . W1)
-            let (dk, w1k, h1k) = (r.data.key(), r.fc1_weight.key(), r.fc1.key());
-            self.push(
-                "fc1 forward",
-                i,
-                Step::Forward,
-                r.device,
-                &[&r.data, &r.fc1_weight],
-                &[&r.fc1],
-                move |ctx| {
-                    let h = ctx.read(dk)?.dot(&*ctx.read(w1k)?);
-                    *ctx.write(h1k)? = h.mapv_into(|x| x.max(0.0));
-                    Ok(())
-                },
-            )?;
-            // fc2 = fc1 . W2
-            let (h1k, w2k, h2k) = (r.fc1.key(), r.fc2_weight.key(), r.fc2.key());
-            self.push(
-                "fc2 forward",
-                i,
-                Step::Forward,
-                r.device,
-                &[&r.fc1, &r.fc2_weight],
-                &[&r.fc2],
-                move |ctx| {
-                    *ctx.write(h2k)? = ctx.read(h1k)?.dot(&*ctx.read(w2k)?);
-                    Ok(())
-                },
-            )?;
-            // fc2_ograd = LossGrad(fc2, labels): softmax cross-entropy.
-            let (h2k, lk, gk, lossk) =
-                (r.fc2.key(), r.labels.key(), r.fc2_ograd.key(), r.loss.key());
-            self.push(
-                "loss grad",
-                i,
-                Step::Forward,
-                r.device,
-                &[&r.fc2, &r.labels],
-                &[&r.fc2_ograd, &r.loss],
-                move |ctx| {
-                    let logits = ctx.read(h2k)?;
-                    let labels = ctx.read(lk)?;
-                    let mut grad = ctx.write(gk)?;
-                    let mut loss = 0.0;
-                    for ((mut g, z), &y) in grad
-                        .outer_iter_mut()
-                        .zip(logits.outer_iter())
-                        .zip(labels.iter())
-                    {
-                        let max = z.fold(f32::MIN, |m, &x| m.max(x));
-                        let sum: f32 = z.iter().map(|&x| (x - max).exp()).sum();
-                        for (k, (gk, &zk)) in g.iter_mut().zip(z.iter()).enumerate() {
-                            let p = (zk - max).exp() / sum;
-                            *gk = (p - if k == y { 1.0 } else { 0.0 }) / BATCH as f32;
-                        }
-                        loss -= ((z[y] - max).exp() / sum).ln();
-                    }
-                    *ctx.write(lossk)? = loss / HALF as f32;
-                    Ok(())
-                },
-            )?;
-            // fc1_ograd, fc2_wgrad = FullcBackward(fc2_ograd, W2)
-            let (gk, h1k, w2k, wg2k, g1k) = (
-                r.fc2_ograd.key(),
-                r.fc1.key(),
-                r.fc2_weight.key(),
-                r.fc2_wgrad.key(),
-                r.fc1_ograd.key(),
-            );
-            self.push(
-                "fc2 backward",
-                i,
-                Step::Backward(2),
-                r.device,
-                &[&r.fc2_ograd, &r.fc1, &r.fc2_weight],
-                &[&r.fc2_wgrad, &r.fc1_ograd],
-                move |ctx| {
-                    let g = ctx.read(gk)?;
-                    let h1 = ctx.read(h1k)?;
-                    *ctx.write(wg2k)? = h1.t().dot(&*g);
-                    let mut g1 = g.dot(&ctx.read(w2k)?.t());
-                    g1.zip_mut_with(&*h1, |g, &h| {
-                        if h <= 0.0 {
-                            *g = 0.0
-                        }
-                    });
-                    *ctx.write(g1k)? = g1;
-                    Ok(())
-                },
-            )?;
-            // _, fc1_wgrad = FullcBackward(fc1_ograd, W1)
-            let (g1k, dk, wg1k) = (r.fc1_ograd.key(), r.data.key(), r.fc1_wgrad.key());
-            self.push(
-                "fc1 backward",
-                i,
-                Step::Backward(1),
-                r.device,
-                &[&r.fc1_ograd, &r.data],
-                &[&r.fc1_wgrad],
-                move |ctx| {
-                    *ctx.write(wg1k)? = ctx.read(dk)?.t().dot(&*ctx.read(g1k)?);
-                    Ok(())
-                },
-            )?;
-        }
-        // Aggregate gradients and update, on the CPU; then copy the weights back.
-        let [r0, r1] = &self.replicas;
-        for layer in [0, 1] {
-            let (cpu_grad, cpu_weight, grads, weights) = if layer == 0 {
-                (
-                    &self.fc1_wgrad,
-                    &self.fc1_weight,
-                    [&r0.fc1_wgrad, &r1.fc1_wgrad],
-                    [&r0.fc1_weight, &r1.fc1_weight],
-                )
-            } else {
-                (
-                    &self.fc2_wgrad,
-                    &self.fc2_weight,
-                    [&r0.fc2_wgrad, &r1.fc2_wgrad],
-                    [&r0.fc2_weight, &r1.fc2_weight],
-                )
-            };
-            // fc_wgrad[cpu] = fc_wgrad[gpu0] + fc_wgrad[gpu1]
-            let (a, b, sum) = (grads[0].key(), grads[1].key(), cpu_grad.key());
-            let agg_name = if layer == 0 {
-                "fc1 aggregate"
-            } else {
-                "fc2 aggregate"
-            };
-            self.push(
-                agg_name,
-                i,
-                Step::Aggregate(layer + 1),
-                self.cpu,
-                &[grads[0], grads[1]],
-                &[cpu_grad],
-                move |ctx| {
-                    let mut s = ctx.write(sum)?;
-                    s.assign(&*ctx.read(a)?);
-                    *s += &*ctx.read(b)?;
-                    Ok(())
-                },
-            )?;
-            // fc_weight[cpu] -= lr * fc_wgrad[cpu]
-            let (g, w) = (cpu_grad.key(), cpu_weight.key());
-            self.push(
-                "sgd update",
-                i,
-                Step::Other,
-                self.cpu,
-                &[cpu_grad],
-                &[cpu_weight],
-                move |ctx| {
-                    ctx.write(w)?.scaled_add(-LEARNING_RATE, &*ctx.read(g)?);
-                    Ok(())
-                },
-            )?;
-            // fc_weight[cpu].copyto(fc_weight[gpu0], fc_weight[gpu1])
-            for (replica, target) in self.replicas.iter().zip(weights) {
-                let (src, dst) = (cpu_weight.key(), target.key());
-                self.push(
-                    "copy back",
-                    i,
-                    Step::Other,
-                    replica.device,
-                    &[cpu_weight],
-                    &[target],
-                    move |ctx| {
-                        ctx.write(dst)?.assign(&*ctx.read(src)?);
-                        Ok(())
-                    },
-                )?;
-            }
-        }
-        Ok(())
+        Ok(Net { group, model })
     }
 
     /// The mean loss of the last iteration (waits only for the loss).
     fn loss(&self) -> Result<f32, Error> {
-        let keys = [self.replicas[0].loss.key(), self.replicas[1].loss.key()];
-        let losses: [&dyn AnyVar; 2] = [&self.replicas[0].loss, &self.replicas[1].loss];
-        let loss = self.engine.op().name("read loss").reads(&losses);
+        let engine = self.group.engine();
+        let (a, b) = (&self.model.scratch[0].loss, &self.model.scratch[1].loss);
+        let keys = [a.key(), b.key()];
+        let loss = engine.op().name("read loss").reads(&[a, b]);
         loss.run(move |ctx| Ok((*ctx.read(keys[0])? + *ctx.read(keys[1])?) / 2.0))?
             .wait()
     }
 
-    fn weights(&self) -> Result<(Matrix, Matrix), Error> {
-        let (k1, k2) = (self.fc1_weight.key(), self.fc2_weight.key());
-        let weights = self.engine.op().name("read weights");
-        let weights = weights.reads(&[&self.fc1_weight, &self.fc2_weight]);
-        weights
-            .run(move |ctx| Ok((ctx.read(k1)?.clone(), ctx.read(k2)?.clone())))?
-            .wait()
+    /// Both devices' weights (they must be the same).
+    fn weights(&self) -> Result<Vec<Vec<f32>>, Error> {
+        let mut all = Vec::new();
+        for d in 0..2 {
+            all.push(self.group.weights(self.model.fc1_weight, d)?);
+            all.push(self.group.weights(self.model.fc2_weight, d)?);
+        }
+        Ok(all)
     }
 }
 
-/// What a training run gives: the final weights, its duration, its timeline.
-type Trained = ((Matrix, Matrix), Duration, Arc<Timeline>);
+impl Model {
+    /// Pushes one device's forward and backward ops, in the order of the
+    /// seed's serial program; the helper pushes the aggregation, update and
+    /// copy-back of each layer behind its backward op.
+    fn device_step(&self, s: &mut DeviceStep<'_>) -> Result<(), Error> {
+        let r = &self.scratch[s.index()];
+        let (data, labels) = (s.input(0), s.input(1));
+        let (w1, w2) = (s.replica(self.fc1_weight), s.replica(self.fc2_weight));
+        let (wg1, wg2) = (s.grad(self.fc1_weight), s.grad(self.fc2_weight));
+        let e = s.engine();
+        // fc1 = relu(data . W1)
+        let (dk, w1k, h1k) = (data.key(), w1.key(), r.fc1.key());
+        let op = e.op().name("fc1 forward").on(s.device());
+        op.reads(&[data, w1]).mutates(&[&r.fc1]).run(move |ctx| {
+            let mut h = ctx.write(h1k)?;
+            let (x, w) = (ctx.read(dk)?, ctx.read(w1k)?);
+            let x = view(&x, HALF, INPUTS);
+            general_mat_mul(
+                1.0,
+                &x,
+                &view(&w, INPUTS, HIDDEN),
+                0.0,
+                &mut view_mut(&mut h, HALF, HIDDEN),
+            );
+            h.iter_mut().for_each(|v| *v = v.max(0.0));
+            Ok(())
+        })?;
+        // fc2 = fc1 . W2
+        let (h1k, w2k, h2k) = (r.fc1.key(), w2.key(), r.fc2.key());
+        let op = e.op().name("fc2 forward").on(s.device());
+        op.reads(&[&r.fc1, w2]).mutates(&[&r.fc2]).run(move |ctx| {
+            let (h1, w) = (ctx.read(h1k)?, ctx.read(w2k)?);
+            let mut out = ctx.write(h2k)?;
+            let (h1, w) = (view(&h1, HALF, HIDDEN), view(&w, HIDDEN, CLASSES));
+            general_mat_mul(1.0, &h1, &w, 0.0, &mut view_mut(&mut out, HALF, CLASSES));
+            Ok(())
+        })?;
+        // fc2_ograd = LossGrad(fc2, labels): softmax cross-entropy.
+        let (h2k, lk, gk, lossk) = (r.fc2.key(), labels.key(), r.fc2_ograd.key(), r.loss.key());
+        let op = e.op().name("loss grad").on(s.device());
+        let op = op
+            .reads(&[&r.fc2, labels])
+            .mutates(&[&r.fc2_ograd, &r.loss]);
+        op.run(move |ctx| {
+            let (logits, labels) = (ctx.read(h2k)?, ctx.read(lk)?);
+            let mut grad = ctx.write(gk)?;
+            let mut loss = 0.0;
+            let rows = logits.chunks(CLASSES).zip(grad.chunks_mut(CLASSES));
+            for ((z, g), &y) in rows.zip(labels.iter()) {
+                let y = y as usize;
+                let max = z.iter().fold(f32::MIN, |m, &x| m.max(x));
+                let sum: f32 = z.iter().map(|&x| (x - max).exp()).sum();
+                for (k, (gk, &zk)) in g.iter_mut().zip(z).enumerate() {
+                    let p = (zk - max).exp() / sum;
+                    *gk = (p - if k == y { 1.0 } else { 0.0 }) / BATCH as f32;
+                }
+                loss -= ((z[y] - max).exp() / sum).ln();
+            }
+            *ctx.write(lossk)? = loss / HALF as f32;
+            Ok(())
+        })?;
+        // fc1_ograd, fc2_wgrad = FullcBackward(fc2_ograd, W2)
+        let (gk, h1k, w2k, wg2k, g1k) = (
+            r.fc2_ograd.key(),
+            r.fc1.key(),
+            w2.key(),
+            wg2.key(),
+            r.fc1_ograd.key(),
+        );
+        let op = e.op().name("fc2 backward").on(s.device());
+        let op = op
+            .reads(&[&r.fc2_ograd, &r.fc1, w2])
+            .mutates(&[wg2, &r.fc1_ograd]);
+        op.run(move |ctx| {
+            let (g, h1, w) = (ctx.read(gk)?, ctx.read(h1k)?, ctx.read(w2k)?);
+            let (g, h1v) = (view(&g, HALF, CLASSES), view(&h1, HALF, HIDDEN));
+            general_mat_mul(
+                1.0,
+                &h1v.t(),
+                &g,
+                0.0,
+                &mut view_mut(&mut ctx.write(wg2k)?, HIDDEN, CLASSES),
+            );
+            let mut g1 = ctx.write(g1k)?;
+            let mut g1v = view_mut(&mut g1, HALF, HIDDEN);
+            general_mat_mul(1.0, &g, &view(&w, HIDDEN, CLASSES).t(), 0.0, &mut g1v);
+            g1v.zip_mut_with(&h1v, |g, &h| {
+                if h <= 0.0 {
+                    *g = 0.0
+                }
+            });
+            Ok(())
+        })?;
+        s.grad_ready(self.fc2_weight)?;
+        // _, fc1_wgrad = FullcBackward(fc1_ograd, W1)
+        let (g1k, dk, wg1k) = (r.fc1_ograd.key(), data.key(), wg1.key());
+        let op = e.op().name("fc1 backward").on(s.device());
+        op.reads(&[&r.fc1_ograd, data])
+            .mutates(&[wg1])
+            .run(move |ctx| {
+                let (g1, x) = (ctx.read(g1k)?, ctx.read(dk)?);
+                let (g1, x) = (view(&g1, HALF, HIDDEN), view(&x, HALF, INPUTS));
+                general_mat_mul(
+                    1.0,
+                    &x.t(),
+                    &g1,
+                    0.0,
+                    &mut view_mut(&mut ctx.write(wg1k)?, INPUTS, HIDDEN),
+                );
+                Ok(())
+            })?;
+        s.grad_ready(self.fc1_weight)
+    }
+}
 
-/// Trains for `iterations`.
-fn train(engine: Engine, label: &str, verbose: bool, iterations: usize) -> Result<Trained, Error> {
-    let devices = [
-        engine.device("gpu0").unwrap(),
-        engine.device("gpu1").unwrap(),
-    ];
-    let cpu = engine.default_device();
-    let data = Arc::new(dataset(7));
-    let timeline = Arc::new(Timeline {
-        spans: Mutex::new(Vec::new()),
-        clock: Some(Instant::now()),
-    });
-    let net = Net::new(engine, devices, cpu, 7, timeline.clone());
+/// Trains for `iterations`; the final weights, the time it took.
+fn train(
+    engine: &Engine,
+    label: &str,
+    verbose: bool,
+    iterations: usize,
+) -> Result<(Net, Duration), Error> {
+    let data = dataset(7);
+    let mut net = Net::new(engine, 7)?;
     let start = Instant::now();
+    net.group.load(data.batch(0))?;
     for i in 0..iterations {
-        net.iteration(&data, i)?;
+        if i + 1 < iterations {
+            net.group.load(data.batch(i + 1))?; // the next batch's split overlaps this step
+        }
+        net.group.step(|s| net.model.device_step(s))?;
         if verbose && (i % 10 == 0 || i == iterations - 1) {
             println!("  iteration {i:>3}: loss {:.4}", net.loss()?);
         }
     }
-    let weights = net.weights()?;
-    net.engine.wait_all().wait()?;
+    engine.wait_all().wait()?;
     let elapsed = start.elapsed();
     if verbose {
         println!(
@@ -459,37 +339,23 @@ fn train(engine: Engine, label: &str, verbose: bool, iterations: usize) -> Resul
             elapsed.as_secs_f64() * 1e3 / iterations as f64
         );
     }
-    Ok((weights, elapsed, timeline))
+    Ok((net, elapsed))
 }
 
-/// For each layer's gradient aggregation: in how many iterations it started
-/// while a backward op of the same iteration was still running, and which
-/// fraction of its time overlapped with backward compute.
-fn overlap(timeline: &Timeline, layer: u8) -> (usize, f64) {
-    let spans = timeline.spans.lock().unwrap();
-    let (mut early, mut total, mut covered) = (0, 0.0, 0.0);
-    for &(i, _, start, end) in spans.iter().filter(|s| s.1 == Step::Aggregate(layer)) {
-        let mut backward: Vec<(Duration, Duration)> = spans
-            .iter()
-            .filter(|b| matches!(b.1, Step::Backward(_)) && b.0 == i)
-            .map(|b| (b.2, b.3))
-            .collect();
-        if backward.iter().any(|&(_, e)| e > start) {
-            early += 1;
-        }
-        // The part of [start, end) during which some backward op ran.
-        backward.sort();
-        let mut cursor = start;
-        for (s, e) in backward {
-            let (s, e) = (s.max(cursor), e.min(end));
-            if s < e {
-                covered += (e - s).as_secs_f64();
-                cursor = e;
-            }
-        }
-        total += (end - start).as_secs_f64();
-    }
-    (early, if total > 0.0 { covered / total } else { 0.0 })
+/// Layer `layer`'s gradient aggregations (`host sum` ops reading its
+/// gradient) against the backward ops, from the trace.
+fn overlap(trace: &Trace, net: &Net, layer: u8) -> Overlap {
+    let p = if layer == 1 {
+        net.model.fc1_weight
+    } else {
+        net.model.fc2_weight
+    };
+    let grad = net.group.grad(p, 0).id();
+    Overlap::between(
+        trace,
+        |op| op.name() == Some("host sum") && op.reads().contains(&grad),
+        |op| op.name().is_some_and(|n| n.ends_with("backward")),
+    )
 }
 
 /// The `--trace PATH` argument, if given.
@@ -514,67 +380,72 @@ fn main() -> Result<(), Error> {
     println!(
         "Two-layer net ({INPUTS}-{HIDDEN}-{CLASSES}), batch {BATCH} split over two CPU devices, {iterations} iterations"
     );
-    let tracing = if trace.is_some() {
-        Tracing::On
-    } else {
-        Tracing::Off
-    };
+    // Traced always: the overlap report reads the ops' start and end.
     let engine = Engine::builder()
         .executor(Executor::pool(1))
         .device("gpu0", Executor::pool(1))
         .device("gpu1", Executor::pool(1))
-        .tracing(tracing)
+        .tracing(Tracing::On)
         .build()?;
-    let (parallel, parallel_time, timeline) = train(
-        engine.clone(),
+    let (net, parallel_time) = train(
+        &engine,
         "engine (three devices, one thread each)",
         true,
         iterations,
     )?;
+    let parallel = net.weights()?;
 
     let serial_engine = Engine::builder()
         .executor(Executor::inline())
         .device("gpu0", Executor::inline())
         .device("gpu1", Executor::inline())
         .build()?;
-    let (serial, serial_time, _) =
-        train(serial_engine, "serial (inline executor)", false, iterations)?;
+    let (serial_net, serial_time) = train(
+        &serial_engine,
+        "serial (inline executor)",
+        false,
+        iterations,
+    )?;
+    let serial = serial_net.weights()?;
     println!(
         "  serial (inline executor): {:.1} ms per iteration; the engine ran {:.2}x faster",
         serial_time.as_secs_f64() * 1e3 / iterations as f64,
         serial_time.as_secs_f64() / parallel_time.as_secs_f64()
     );
+    let replicas_agree = parallel[0..2] == parallel[2..4];
     println!(
-        "  weights identical to the serial run: {}",
+        "  weights identical to the serial run: {}; both replicas identical: {replicas_agree}",
         parallel == serial
     );
 
+    let recorded = engine.trace()?;
     println!("  overlap of gradient aggregation with backward compute:");
     for (layer, note) in [
         (2, "can start as soon as fc2's backward is done"),
         (1, "needs fc1's backward first"),
     ] {
-        let (early, fraction) = overlap(&timeline, layer);
+        let o = overlap(&recorded, &net, layer);
         println!(
-            "    fc{layer} ({note}): started while backward ops still ran in {early} of {iterations} \
+            "    fc{layer} ({note}): started while backward ops still ran in {} of {} \
              iterations; {:.0}% of its time overlapped",
-            fraction * 100.0
+            o.started_under,
+            o.ops,
+            o.fraction() * 100.0
         );
     }
     if let Some(path) = trace {
-        let trace = engine.trace()?;
         let (json, svg) = (path.with_extension("json"), path.with_extension("svg"));
-        trace.write_chrome_json(&json)?;
-        trace.write_svg(&svg)?;
+        recorded.write_chrome_json(&json)?;
+        recorded.write_svg(&svg)?;
         println!(
             "  trace of {} ops: {} (open in ui.perfetto.dev) and {}",
-            trace.ops().len(),
+            recorded.ops().len(),
             json.display(),
             svg.display()
         );
     }
     assert!(
-        parallel == serial,
+        parallel == serial && replicas_agree,
         "the engine must give the serial program's results"
     );
     Ok(())

@@ -307,6 +307,10 @@ pub enum Error {
     /// or MPI's own error. As an op's error, inside
     /// [`Failed`](Error::Failed) (its `source`).
     Collective(String),
+    /// A misuse of a data-parallel group ([`parallel`](crate::parallel)):
+    /// duplicate devices, replicas of different shapes, an empty batch or
+    /// one that does not split evenly; the message says which.
+    Parallel(String),
 }
 
 impl fmt::Display for Error {
@@ -361,6 +365,7 @@ impl fmt::Display for Error {
             ),
             Error::Graph(msg) => write!(f, "recorded graph: {msg}"),
             Error::Collective(msg) => write!(f, "collective: {msg}"),
+            Error::Parallel(msg) => write!(f, "data-parallel group: {msg}"),
         }
     }
 }

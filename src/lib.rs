@@ -121,6 +121,8 @@ mod trace;
 
 mod engine;
 
+pub mod parallel;
+
 pub use crate::dep::{AnyVar, Buffer, Device, Element, OpCtx, Var, VarKey, VarMut, VarRef};
 #[cfg(feature = "mpi")]
 pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};

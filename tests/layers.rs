@@ -19,8 +19,9 @@ const FLOORS: &[(&str, u8)] = &[
     ("trace", 4),
     ("graph", 4),
     ("engine", 5),
-    // The planned data-parallel helpers (`parallel`) go above, on the
-    // public API; the MPI communicator (`comm`) inside `device`.
+    // Data-parallel groups, above the engine, on its public API.
+    ("parallel", 6),
+    // The planned MPI communicator (`comm`) goes inside `device`.
 ];
 
 fn floor(module: &str) -> Option<u8> {

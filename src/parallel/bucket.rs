@@ -1,0 +1,214 @@
+//! Buckets: consecutive parameters whose gradients are reduced together,
+//! fixed at the first step (filled from the last parameter back, as
+//! backward writes gradients); and the bookkeeping of one step, which pushes a
+//! bucket's reduction (and its update) as soon as every device has pushed
+//! the ops that write its gradients.
+//!
+//! Bucket `b` of `B` (in parameter order) has priority `B - b`: the first
+//! layer's parameters (added first) are reduced and updated first, as the
+//! next forward pass needs them first.
+
+use super::allreduce::AllReduce;
+use super::group::{Group, ParamVars};
+use super::update::{HostSum, Update, every_replica};
+use crate::engine::Engine;
+use crate::error::Error;
+
+/// The buckets of parameters of `lens` floats: filled from the last
+/// parameter back (backward writes the last layer's gradients first, so a
+/// bucket's gradients are ready about together, as in PyTorch's DDP),
+/// consecutive parameters while they fit in `bytes` (a larger one alone);
+/// listed in parameter order.
+fn cuts(
+    lens: impl DoubleEndedIterator<Item = usize> + ExactSizeIterator,
+    bytes: usize,
+) -> Vec<Vec<usize>> {
+    let mut cuts: Vec<Vec<usize>> = Vec::new();
+    let mut used = 0;
+    for (i, len) in lens.enumerate().rev() {
+        let size = len * 4;
+        match cuts.last_mut() {
+            Some(last) if used + size <= bytes => last.insert(0, i),
+            _ => {
+                cuts.push(vec![i]);
+                used = 0;
+            }
+        }
+        used += size;
+    }
+    cuts.reverse();
+    cuts
+}
+
+/// One bucket.
+#[derive(Debug)]
+struct Bucket {
+    /// Its parameters' indices, in order.
+    params: Vec<usize>,
+    /// How its gradients are summed.
+    reduce: Reduce,
+}
+
+#[derive(Debug)]
+enum Reduce {
+    AllReduce(AllReduce),
+    Host(HostSum),
+}
+
+/// The group's buckets, and one step's progress through them.
+#[derive(Debug)]
+pub(super) struct Buckets {
+    list: Vec<Bucket>,
+    /// The bucket of each parameter.
+    of: Vec<usize>,
+    /// This step: `left[b]`, how many (parameter, device) gradients of
+    /// bucket `b` are still to be pushed; `marked[p * n + d]`, whether
+    /// device `d` has pushed the op writing `p`'s gradient.
+    left: Vec<usize>,
+    marked: Vec<bool>,
+}
+
+impl Buckets {
+    /// Groups the parameters into buckets of at most `group.bucket_bytes`.
+    pub(super) fn new(group: &Group) -> Result<Self, Error> {
+        let n = group.members.len();
+        let cuts = cuts(group.params.iter().map(|p| p.len), group.bucket_bytes);
+        let mut of = vec![0; group.params.len()];
+        let mut list = Vec::with_capacity(cuts.len());
+        for (b, params) in cuts.into_iter().enumerate() {
+            let vars: Vec<&ParamVars> = params.iter().map(|&p| &group.params[p]).collect();
+            let reduce = match group.update {
+                Update::EveryReplica => {
+                    let comm: Vec<_> = group.members.iter().map(|m| m.comm).collect();
+                    let segments = (0..n)
+                        .map(|d| vars.iter().map(|p| p.grads[d].clone()).collect())
+                        .collect();
+                    let lens: Vec<usize> = vars.iter().map(|p| p.len).collect();
+                    Reduce::AllReduce(AllReduce::new(
+                        &group.engine,
+                        &comm,
+                        segments,
+                        &lens,
+                        group.backend,
+                    )?)
+                }
+                Update::Host => Reduce::Host(HostSum::new(&group.engine, &vars, n)),
+            };
+            for &p in &params {
+                of[p] = b;
+            }
+            list.push(Bucket { params, reduce });
+        }
+        Ok(Self {
+            left: vec![0; list.len()],
+            marked: vec![false; group.params.len() * n],
+            list,
+            of,
+        })
+    }
+
+    /// Starts a step: no gradient pushed yet.
+    pub(super) fn start(&mut self, n: usize) {
+        for (left, bucket) in self.left.iter_mut().zip(&self.list) {
+            *left = bucket.params.len() * n;
+        }
+        self.marked.fill(false);
+    }
+
+    /// Device `d` has pushed the op that writes `p`'s gradient: if that was
+    /// the bucket's last, pushes its reduction and update.
+    pub(super) fn mark(&mut self, group: &Group, p: usize, d: usize) -> Result<(), Error> {
+        let n = group.members.len();
+        let Some(marked) = self.marked.get_mut(p * n + d) else {
+            return Err(Error::Parallel(format!("no parameter {p} in this group")));
+        };
+        if std::mem::replace(marked, true) {
+            return Err(Error::Parallel(format!(
+                "device {d} marked parameter {p}'s gradient ready twice in one step"
+            )));
+        }
+        let b = self.of[p];
+        self.left[b] -= 1;
+        if self.left[b] == 0 {
+            self.push(group, b)?;
+        }
+        Ok(())
+    }
+
+    /// Marks every gradient not marked yet, in bucket order (the end of a
+    /// step).
+    pub(super) fn finish(&mut self, group: &Group) -> Result<(), Error> {
+        let n = group.members.len();
+        for p in 0..group.params.len() {
+            for d in 0..n {
+                if !self.marked[p * n + d] {
+                    self.mark(group, p, d)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears the poison of the variables the buckets keep for themselves.
+    pub(super) fn clear_poison(&self, engine: &Engine) -> Result<(), Error> {
+        for bucket in &self.list {
+            match &bucket.reduce {
+                Reduce::AllReduce(reduce) => {
+                    for v in reduce.own_vars() {
+                        engine.clear_poison(v)?;
+                    }
+                }
+                Reduce::Host(sum) => {
+                    engine.clear_poison(sum.scratch())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes bucket `b`'s reduction and update.
+    fn push(&self, group: &Group, b: usize) -> Result<(), Error> {
+        let priority = i32::try_from(self.list.len() - b).unwrap_or(i32::MAX);
+        let bucket = &self.list[b];
+        let opt = group.optimizer.as_ref();
+        match &bucket.reduce {
+            Reduce::AllReduce(reduce) => {
+                reduce.push(&group.engine, priority)?;
+                if let Some(opt) = opt {
+                    for &p in &bucket.params {
+                        every_replica(
+                            &group.engine,
+                            &group.members,
+                            &group.params[p],
+                            opt,
+                            priority,
+                        )?;
+                    }
+                }
+            }
+            Reduce::Host(sum) => {
+                let params = bucket.params.iter().map(|&p| &group.params[p]);
+                sum.push(&group.engine, &group.members, params, opt, priority)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuts;
+
+    #[test]
+    fn buckets_fill_from_the_last_parameter_back() {
+        // 4-byte floats: a 40-byte bucket holds 10. From the back: 5 (0
+        // floats), then 4 (20: too many to join, alone), 3, 2 and 1 (10
+        // together), 0 (would make 14).
+        assert_eq!(
+            cuts([4, 1, 6, 3, 20, 0].into_iter(), 40),
+            [vec![0], vec![1, 2, 3], vec![4], vec![5]]
+        );
+        assert_eq!(cuts([4, 1].into_iter(), 0), [vec![0], vec![1]]);
+        assert!(cuts(std::iter::empty(), 40).is_empty());
+    }
+}

@@ -1,0 +1,332 @@
+//! [`Group`]: a data-parallel group over a list of devices, and its
+//! [`GroupBuilder`]; parameters and their replicas ([`Param`]).
+//!
+//! The group owns, per device: its inputs' shard variables (`split.rs`),
+//! one replica and one gradient variable per parameter, and, once the
+//! first step runs, the buckets' all-reduces (`bucket.rs`). The user's ops
+//! touch replicas, gradients and shards only through the variables the
+//! group hands out; the group's own ops are the splits, the all-reduces
+//! and the updates.
+
+use std::sync::Arc;
+
+use super::allreduce::Backend;
+use super::bucket::Buckets;
+use super::split::Inputs;
+use super::update::{Optimizer, Update};
+use crate::dep::{Device, Var};
+use crate::device::Lane;
+use crate::engine::Engine;
+use crate::error::Error;
+
+/// One device of a group.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Member {
+    /// Where the user's step and the split run.
+    pub(super) device: Device,
+    /// Where the device's reduction ops run (by default `device`).
+    pub(super) comm: Device,
+    /// Whether `device` is a stream device (its split goes on its
+    /// host-to-device lane).
+    pub(super) stream: bool,
+}
+
+/// A parameter of a [`Group`]: an index into its parameters, in the order
+/// they were added (the first layer's first, so that its reduction is
+/// given the highest priority).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Param(pub(super) usize);
+
+/// The host's weights and gradient sum of a parameter.
+pub(super) type HostVars = (Var<Vec<f32>>, Var<Vec<f32>>);
+
+/// A parameter's variables.
+#[derive(Debug)]
+pub(super) struct ParamVars {
+    pub(super) len: usize,
+    /// `replicas[d]`, `grads[d]`: on device `d`.
+    pub(super) replicas: Vec<Var<Vec<f32>>>,
+    pub(super) grads: Vec<Var<Vec<f32>>>,
+    /// Host aggregation ([`Update::Host`]): the host's weights and
+    /// gradient sum.
+    pub(super) host: Option<HostVars>,
+}
+
+/// A data-parallel group: the same model replicated on several devices,
+/// each step on one shard of the batch per device, gradients summed across
+/// devices, every replica updated alike. See the [module
+/// docs](crate::parallel) for a whole training step.
+#[derive(Debug)]
+pub struct Group {
+    pub(super) engine: Engine,
+    pub(super) members: Vec<Member>,
+    pub(super) backend: Backend,
+    pub(super) update: Update,
+    pub(super) optimizer: Option<Optimizer>,
+    pub(super) bucket_bytes: usize,
+    pub(super) params: Vec<ParamVars>,
+    pub(super) inputs: Inputs,
+    /// Set up by the first step: no parameter may be added after it.
+    pub(super) buckets: Option<Buckets>,
+}
+
+/// Configures a [`Group`]: its devices, inputs, update and bucket size.
+#[derive(Debug)]
+#[must_use = "a GroupBuilder does nothing until `build`"]
+pub struct GroupBuilder {
+    engine: Engine,
+    devices: Vec<(Device, Option<Device>)>,
+    widths: Vec<usize>,
+    backend: Backend,
+    update: Update,
+    optimizer: Option<Optimizer>,
+    bucket_bytes: usize,
+}
+
+/// Gradients smaller than this are reduced together, in buckets of at most
+/// this many bytes (DDP's idea; its default is 25 MiB for GPUs, but here a
+/// bucket is the unit that overlaps backward, and CPU models are small).
+pub const DEFAULT_BUCKET_BYTES: usize = 256 << 10;
+
+impl Group {
+    /// A builder for a group on `engine`.
+    pub fn builder(engine: &Engine) -> GroupBuilder {
+        GroupBuilder {
+            engine: engine.clone(),
+            devices: Vec::new(),
+            widths: Vec::new(),
+            backend: Backend::Ring,
+            update: Update::EveryReplica,
+            optimizer: None,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+        }
+    }
+
+    /// The group's devices, in order.
+    pub fn devices(&self) -> impl ExactSizeIterator<Item = Device> + '_ {
+        self.members.iter().map(|m| m.device)
+    }
+
+    /// The engine the group pushes to.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Adds a parameter, replicated on every device from `init` (seed
+    /// 001's start program, run on all devices), with a gradient of the
+    /// same length per device (zeros).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Parallel`] after the first step (buckets are fixed then).
+    pub fn param(&mut self, init: &[f32]) -> Result<Param, Error> {
+        self.param_replicas(vec![init.to_vec(); self.members.len()])
+    }
+
+    /// Adds a parameter from one replica per device (initialised on each
+    /// device by the caller, identically: the group checks the shapes, not
+    /// the values).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Parallel`] if the count is not one per device, if the
+    /// replicas differ in length, or after the first step.
+    pub fn param_replicas(&mut self, replicas: Vec<Vec<f32>>) -> Result<Param, Error> {
+        if self.buckets.is_some() {
+            return Err(Error::Parallel(
+                "parameters are added before the first step".into(),
+            ));
+        }
+        let n = self.members.len();
+        if replicas.len() != n {
+            return Err(Error::Parallel(format!(
+                "{} replicas for {n} devices",
+                replicas.len()
+            )));
+        }
+        let len = replicas[0].len();
+        if let Some(d) = replicas.iter().position(|r| r.len() != len) {
+            return Err(Error::Parallel(format!(
+                "replicas of different shapes: device 0's has {len} floats, device {d}'s {}",
+                replicas[d].len()
+            )));
+        }
+        let host = match self.update {
+            Update::Host => Some((
+                self.engine.var(replicas[0].clone()),
+                self.engine.var(vec![0.0; len]),
+            )),
+            Update::EveryReplica => None,
+        };
+        let e = &self.engine;
+        self.params.push(ParamVars {
+            len,
+            grads: (0..n).map(|_| e.var(vec![0.0; len])).collect(),
+            replicas: replicas.into_iter().map(|r| e.var(r)).collect(),
+            host,
+        });
+        Ok(Param(self.params.len() - 1))
+    }
+
+    /// Device `d`'s replica of `p`.
+    ///
+    /// # Panics
+    ///
+    /// If `p` is not this group's or `d` is out of range.
+    pub fn replica(&self, p: Param, d: usize) -> &Var<Vec<f32>> {
+        &self.params[p.0].replicas[d]
+    }
+
+    /// Device `d`'s gradient of `p` (after a step: the sum over devices).
+    ///
+    /// # Panics
+    ///
+    /// If `p` is not this group's or `d` is out of range.
+    pub fn grad(&self, p: Param, d: usize) -> &Var<Vec<f32>> {
+        &self.params[p.0].grads[d]
+    }
+
+    /// Pushes the split of a host batch (one buffer per declared input,
+    /// whole rows of its width) into per-device shards, one copy op per
+    /// device: the next [`step`](Self::step) reads them. Load batch `k + 1`
+    /// before stepping on batch `k`, and its copies overlap step `k`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Parallel`] for an empty batch, one that does not split
+    /// evenly over the devices, a buffer count other than the inputs', a
+    /// buffer of partial rows or of another row count, or when two batches
+    /// are already loaded ahead.
+    pub fn load(&mut self, batch: Vec<Vec<f32>>) -> Result<(), Error> {
+        self.inputs.load(&self.engine, &self.members, batch)
+    }
+
+    /// Reads replica `d` of `p` (waits for the ops that write it).
+    ///
+    /// # Errors
+    ///
+    /// The poison of a failed op that wrote it, or the engine's errors.
+    pub fn weights(&self, p: Param, d: usize) -> Result<Vec<f32>, Error> {
+        self.engine.get(self.replica(p, d)).wait()
+    }
+}
+
+impl GroupBuilder {
+    /// Adds a device: the user's step ops and the split run there, and so
+    /// do its reduction ops.
+    pub fn device(mut self, device: Device) -> Self {
+        self.devices.push((device, None));
+        self
+    }
+
+    /// Adds devices, as [`device`](Self::device) each.
+    pub fn devices(mut self, devices: impl IntoIterator<Item = Device>) -> Self {
+        self.devices.extend(devices.into_iter().map(|d| (d, None)));
+        self
+    }
+
+    /// Adds a device whose reduction ops run on `comm` (a device of its
+    /// own, as NCCL has its own stream): so that they overlap the
+    /// device's backward ops instead of queueing behind them.
+    pub fn device_with_comm(mut self, device: Device, comm: Device) -> Self {
+        self.devices.push((device, Some(comm)));
+        self
+    }
+
+    /// Declares an input of the batches: rows of `width` floats (labels
+    /// are an input of width 1). Inputs are numbered in declaration order.
+    pub fn input(mut self, width: usize) -> Self {
+        self.widths.push(width);
+        self
+    }
+
+    /// How gradients are summed across devices (default [`Backend::Ring`]).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Where the optimizer runs (default [`Update::EveryReplica`]).
+    pub fn update(mut self, update: Update) -> Self {
+        self.update = update;
+        self
+    }
+
+    /// The optimizer step, `f(weights, summed_gradient)`: run on every
+    /// replica, or once on the host (see [`Update`]). Without one, a step
+    /// sums the gradients and leaves the weights alone.
+    pub fn optimizer(mut self, f: impl Fn(&mut [f32], &[f32]) + Send + Sync + 'static) -> Self {
+        self.optimizer = Some(Optimizer(Arc::new(f)));
+        self
+    }
+
+    /// Gradients are reduced in buckets of at most `bytes`: consecutive
+    /// parameters, filled from the last one back (the order backward
+    /// writes them), a larger one alone. `0`: one bucket per parameter.
+    pub fn bucket_bytes(mut self, bytes: usize) -> Self {
+        self.bucket_bytes = bytes;
+        self
+    }
+
+    /// The group.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Parallel`] for no devices, a device given twice, or a zero
+    /// input width; the engine's error for a device of another engine.
+    pub fn build(self) -> Result<Group, Error> {
+        if self.devices.is_empty() {
+            return Err(Error::Parallel("a group of no devices".into()));
+        }
+        for (i, (d, _)) in self.devices.iter().enumerate() {
+            if self.devices[..i].iter().any(|(e, _)| e == d) {
+                return Err(Error::Parallel(format!(
+                    "device {} is in the list twice (devices {} and {i})",
+                    d.index(),
+                    self.devices.iter().position(|(e, _)| e == d).unwrap_or(0)
+                )));
+            }
+        }
+        if self.widths.contains(&0) {
+            return Err(Error::Parallel("an input of width 0".into()));
+        }
+        let mut members = Vec::with_capacity(self.devices.len());
+        for &(device, comm) in &self.devices {
+            members.push(Member {
+                device,
+                comm: comm.unwrap_or(device),
+                stream: is_stream(&self.engine, device)?,
+            });
+        }
+        Ok(Group {
+            inputs: Inputs::new(&self.engine, self.widths, members.len()),
+            engine: self.engine,
+            members,
+            backend: self.backend,
+            update: self.update,
+            optimizer: self.optimizer,
+            bucket_bytes: self.bucket_bytes,
+            params: Vec::new(),
+            buckets: None,
+        })
+    }
+}
+
+/// Whether `device` is a stream device: the engine refuses a lane on any
+/// other (checked at `run`, before anything is pushed). On a stream device
+/// the probe is one empty op.
+fn is_stream(engine: &Engine, device: Device) -> Result<bool, Error> {
+    let probe = engine.new_var();
+    let pushed = engine
+        .op()
+        .name("parallel probe")
+        .on(device)
+        .lane(Lane::HostToDevice)
+        .mutates(&[&probe])
+        .run(|_| Ok(()));
+    match pushed {
+        Ok(op) => op.wait().map(|()| true),
+        Err(Error::Stream(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
