@@ -173,6 +173,31 @@ impl OpCtx {
         }
     }
 
+    /// The context of a recorded op (`dep::resident`), made once and lent
+    /// to each of its runs ([`lend`](Self::lend)): a replay builds and
+    /// drops none. It outlives no run's borrows (they live within the
+    /// body's call), and keeps its index from one run to the next.
+    pub(crate) fn resident(op: &OpBlock, engine: u64) -> Self {
+        Self {
+            op,
+            borrows: borrows(op),
+            lease: None,
+            stream: std::ptr::null(),
+            engine,
+            index: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// A resident context, ready for one more run: a borrow the last run
+    /// forgot (`mem::forget` of a guard) is undone.
+    #[inline]
+    pub(crate) fn lend(&self) -> &Self {
+        for c in self.borrows.iter() {
+            c.store(0, Ordering::Relaxed);
+        }
+        self
+    }
+
     /// A context owned by an async body; `anchor` is a waker of the op's
     /// task. From now on the op's future and this context each hold its
     /// grants: the last of the two to go releases them.

@@ -31,6 +31,7 @@
 // sound.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
@@ -38,10 +39,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::block::{OpBlock, OpSpec, Runner};
-use super::ctx::{Env, OpCtx};
+use super::ctx::OpCtx;
 use super::future::CurrentOp;
 use super::host::Host;
-use super::lifecycle::{host, lease_dropped};
+use super::lifecycle::host;
 use super::poison::Skip;
 use super::var::VarState;
 use crate::error::{BoxError, FailureKind, OpFailure, panic_message};
@@ -74,6 +75,10 @@ pub(crate) enum Ran {
 pub(crate) struct Resident {
     waker: Waker,
     task: Option<async_task::Task<(), OpBlock>>,
+    /// The body's context, lent to each run (none is built per run). It
+    /// points into the task's block, which `task` keeps alive; its drop
+    /// touches no block.
+    ctx: OpCtx,
 }
 
 impl std::fmt::Debug for Resident {
@@ -109,9 +114,11 @@ impl Resident {
         // The first poll parks the task (it returns at once): from now on a
         // wake schedules it.
         runner.run();
+        let ctx = OpCtx::resident(task.metadata(), host.id());
         Self {
             waker,
             task: Some(task),
+            ctx,
         }
     }
 
@@ -127,6 +134,22 @@ impl Resident {
     pub(crate) fn wake(&self) {
         self.waker.wake_by_ref();
     }
+
+    /// [`wake`](Self::wake), for a thread that goes on running ops of its
+    /// own: the op goes where idle workers take it at once (a pool's
+    /// shared deque), not to this worker's next slot, which only this
+    /// worker takes, once it is done with what it runs.
+    #[inline]
+    pub(crate) fn share(&self) {
+        SHARING.set(true);
+        self.waker.wake_by_ref();
+        SHARING.set(false);
+    }
+}
+
+thread_local! {
+    /// A [`Resident::share`] is waking a task on this thread.
+    static SHARING: Cell<bool> = const { Cell::new(false) };
 }
 
 impl Drop for Resident {
@@ -154,8 +177,11 @@ fn schedule_resident<H: Host>(runner: Runner) {
     // SAFETY: a resident task is woken only while its host is alive (see
     // `Resident::spawn`), and `spawn::<H, _>` set this block's host.
     let host: *const H = unsafe { host::<H>(runner.metadata()) };
+    // Shared work goes where other workers take it: as a pool takes an op
+    // that woke itself (`yielded`).
+    let shared = SHARING.get();
     // SAFETY: as above.
-    unsafe { (*host).dispatch(runner, false) };
+    unsafe { (*host).dispatch(runner, shared) };
 }
 
 /// The future of a resident task: parks on its first poll, then runs its
@@ -185,7 +211,7 @@ impl<D: Driver> Future for ResidentFuture<D> {
     }
 }
 
-/// Runs recorded op `op` once, on the calling thread: skipped if an input
+/// Runs recorded op `op` (its block, context and body) once, on the calling thread: skipped if an input
 /// is poisoned or deleted, else its body, panics caught. A failure poisons
 /// what it mutates (and is recorded by the host); every mutated variable's
 /// version is counted, as a pushed op's end counts it (the replay's own op,
@@ -194,7 +220,9 @@ impl<D: Driver> Future for ResidentFuture<D> {
 /// The caller guarantees that the op may touch its variables now: every
 /// op it depends on in the replay has ended, and the replay holds the
 /// grants of its variables from outside the graph.
-pub(crate) fn run_recorded<H: Host>(op: &OpBlock, body: &RecordedBody, host: &H) -> Ran {
+#[inline]
+pub(crate) fn run_recorded<H: Host>(op: &Resident, body: &RecordedBody, host: &H) -> Ran {
+    let (op, ctx) = (op.block(), &op.ctx);
     let ran = match op.blocked_by(false) {
         Some(Skip::Poisoned(cause)) => {
             op.fail(&cause);
@@ -203,14 +231,9 @@ pub(crate) fn run_recorded<H: Host>(op: &OpBlock, body: &RecordedBody, host: &H)
         Some(Skip::Deleted(var)) => failed(op, FailureKind::InputDeleted(var), host),
         Some(Skip::Cancelled) => unreachable!("a recorded op is never cancelled"),
         None => {
-            let env = Env {
-                stream: None,
-                engine: host.id(),
-                lease_dropped: lease_dropped::<H>,
-            };
             let result = {
                 let _current = CurrentOp::enter(op);
-                catch_unwind(AssertUnwindSafe(|| body(&OpCtx::borrowed(op, &env))))
+                catch_unwind(AssertUnwindSafe(|| body(ctx.lend())))
             };
             match result {
                 Ok(Ok(())) => Ran::Succeeded,
@@ -223,7 +246,8 @@ pub(crate) fn run_recorded<H: Host>(op: &OpBlock, body: &RecordedBody, host: &H)
             }
         }
     };
-    for e in op.edges().iter().filter(|e| e.is_write()) {
+    // Writes come first among the edges.
+    for e in op.edges().iter().take_while(|e| e.is_write()) {
         e.var.bump_version();
     }
     ran
