@@ -35,10 +35,11 @@ use std::cell::Cell;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use super::block::{OpBlock, OpSpec, Runner};
+use super::block::{OpBlock, OpEdge, OpSpec, Runner};
 use super::ctx::OpCtx;
 use super::future::CurrentOp;
 use super::host::Host;
@@ -75,11 +76,21 @@ pub(crate) enum Ran {
 pub(crate) struct Resident {
     waker: Waker,
     task: Option<async_task::Task<(), OpBlock>>,
+    /// The task's block and its edges, at hand: the task's metadata stays
+    /// in place, alive, until `task` is dropped (in `drop`).
+    block: NonNull<OpBlock>,
+    edges: NonNull<[OpEdge]>,
     /// The body's context, lent to each run (none is built per run). It
     /// points into the task's block, which `task` keeps alive; its drop
     /// touches no block.
     ctx: OpCtx,
 }
+
+// SAFETY: `block` and `edges` point into the task's metadata, an `OpBlock`,
+// which is `Sync` (executors share it); only shared references are made.
+unsafe impl Send for Resident {}
+// SAFETY: as above.
+unsafe impl Sync for Resident {}
 
 impl std::fmt::Debug for Resident {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -114,9 +125,12 @@ impl Resident {
         // The first poll parks the task (it returns at once): from now on a
         // wake schedules it.
         runner.run();
-        let ctx = OpCtx::resident(task.metadata(), host.id());
+        let block = task.metadata();
+        let ctx = OpCtx::resident(block, host.id());
         Self {
             waker,
+            block: NonNull::from(block),
+            edges: NonNull::from(block.edges()),
             task: Some(task),
             ctx,
         }
@@ -125,7 +139,17 @@ impl Resident {
     /// The op's block: its edges, name, device, priority.
     #[inline]
     pub(crate) fn block(&self) -> &OpBlock {
-        self.task.as_ref().expect("resident task").metadata()
+        // SAFETY: the task keeps its metadata alive and in place while this
+        // lives (see the field).
+        unsafe { self.block.as_ref() }
+    }
+
+    /// The op's edges, writes first.
+    #[inline]
+    fn edges(&self) -> &[OpEdge] {
+        // SAFETY: as in `block`: the edges are the block's, which never
+        // change once it is made.
+        unsafe { self.edges.as_ref() }
     }
 
     /// Hands the op to its device's executor: it runs there through the
@@ -222,8 +246,9 @@ impl<D: Driver> Future for ResidentFuture<D> {
 /// grants of its variables from outside the graph.
 #[inline]
 pub(crate) fn run_recorded<H: Host>(op: &Resident, body: &RecordedBody, host: &H) -> Ran {
-    let (op, ctx) = (op.block(), &op.ctx);
-    let ran = match op.blocked_by(false) {
+    let (edges, ctx) = (op.edges(), &op.ctx);
+    let op = op.block();
+    let ran = match op.blocked_by_edges(edges, false) {
         Some(Skip::Poisoned(cause)) => {
             op.fail(&cause);
             Ran::Skipped(cause)
@@ -247,7 +272,7 @@ pub(crate) fn run_recorded<H: Host>(op: &Resident, body: &RecordedBody, host: &H
         }
     };
     // Writes come first among the edges.
-    for e in op.edges().iter().take_while(|e| e.is_write()) {
+    for e in edges.iter().take_while(|e| e.is_write()) {
         e.var.bump_version();
     }
     ran
