@@ -222,7 +222,7 @@ impl<H: Host> Runtime<H> {
     /// waits: the executor orders them), else as many as the executor of
     /// `device` wants now (`Host::wanted`: enough to keep its other
     /// workers busy), latest first.
-    #[inline]
+    #[inline(always)]
     fn share(&self, ready: &mut Ready, device: u16, urgent: bool) {
         let n = if urgent {
             ready.len
