@@ -8,7 +8,9 @@
 //! spawns nothing and allocates nothing per op: waking the task hands its
 //! runnable to the op's device's executor like any ready op (priority
 //! included), and a driver may also run an op at once on the thread that
-//! made it ready ([`run_recorded`]).
+//! made it ready ([`run_recorded`]). What a run needs is made once, at
+//! recording, and kept with the task: its block's address and edges, and
+//! the body's context ([`OpCtx`]), lent to each run.
 //!
 //! Ordering is the graph's: a recorded op runs only when the replay's
 //! countdowns (`core::replay`) say every op it depends on has ended, and

@@ -13,8 +13,14 @@
 //!    of them itself.
 //! 3. An op that ends satisfies its successors: the first one made ready
 //!    on the same device runs at once on the same thread (no queue round
-//!    trip: a recorded chain runs as a loop); the others are woken onto
-//!    their devices' executors.
+//!    trip: a recorded chain runs as a loop); more on that device (of
+//!    priority 0) are kept on this thread's stack ([`Ready`]) to run next,
+//!    and the others are woken onto their devices' executors. Kept ops are
+//!    handed to the executor as it wants them (`Host::wanted`: its idle
+//!    workers, so parallelism is not lost), and all of them when an op of
+//!    higher priority was woken on this device (the executor orders them).
+//!    So a replay wakes an op (some 250 instructions: the task's wake, the
+//!    queue, the task's run) only to hand it to another worker.
 //! 4. The op that ends last wakes the replay's op, which resolves to the
 //!    replay's first failure and releases the boundary variables.
 
