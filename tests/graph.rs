@@ -286,3 +286,74 @@ fn a_replay_counts_each_mutation_once_on_an_op_with_many_variables() {
         assert_eq!(v.version(), 2, "variable {i}");
     }
 }
+
+/// Ops a finished op makes ready together run in parallel when workers
+/// are idle: the thread that made them ready keeps some to run itself (no
+/// queue round trip), but hands the others to idle workers. Each body here
+/// waits for a sibling to run at the same time (a generous bound on the
+/// wait, so that a lost parallelism fails rather than hangs).
+#[test]
+fn siblings_made_ready_together_run_on_idle_workers() {
+    use std::time::{Duration, Instant};
+    let engine = engine(2);
+    let a = engine.var(0u64);
+    let outs: Vec<Var<u64>> = (0..8).map(|_| engine.var(0u64)).collect();
+    let running = Arc::new(AtomicUsize::new(0));
+    let graph = engine
+        .record(|rec| {
+            let ak = a.key();
+            rec.op().name("start").mutates(&[&a]).run(move |ctx| {
+                *ctx.write(ak)? += 1;
+                Ok(())
+            })?;
+            for out in &outs {
+                let (ak, ok, running) = (a.key(), out.key(), running.clone());
+                rec.op()
+                    .name("sibling")
+                    .reads(&[&a])
+                    .mutates(&[out])
+                    .run(move |ctx| {
+                        let seen = running.fetch_add(1, Ordering::SeqCst);
+                        let deadline = Instant::now() + Duration::from_secs(20);
+                        // The first two of each replay meet; the others pass.
+                        while seen % 8 == 0 && running.load(Ordering::SeqCst) % 8 < 2 {
+                            if Instant::now() > deadline {
+                                return Err("no sibling ran alongside".into());
+                            }
+                            std::thread::yield_now();
+                        }
+                        *ctx.write(ok)? += *ctx.read(ak)?;
+                        Ok(())
+                    })?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    for i in 1..=20u64 {
+        graph.replay().wait().unwrap();
+        assert_eq!(engine.get(&outs[7]).wait().unwrap(), i * (i + 1) / 2);
+    }
+}
+
+/// A recorded op's context is kept from one replay to the next: a borrow
+/// its body forgot (a leaked guard) does not outlive the run.
+#[test]
+fn a_borrow_forgotten_in_one_replay_is_gone_in_the_next() {
+    let engine = engine(1);
+    let y = engine.var(0u64);
+    let graph = engine
+        .record(|rec| {
+            let yk = y.key();
+            rec.op().mutates(&[&y]).run(move |ctx| {
+                let mut v = ctx.write(yk)?;
+                *v += 1;
+                std::mem::forget(v);
+                Ok(())
+            })
+        })
+        .unwrap();
+    for _ in 0..3 {
+        graph.replay().wait().unwrap();
+    }
+    assert_eq!(engine.get(&y).wait().unwrap(), 3);
+}

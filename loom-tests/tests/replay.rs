@@ -134,6 +134,62 @@ fn a_single_ready_successor_is_handed_off_once() {
     });
 }
 
+/// A thread keeps several ready successors to run itself (`run_from`'s
+/// kept ops): op 0 makes ops 2 and 3 ready on thread A, which counts op 0
+/// out (not the last: it keeps two), then runs both; op 3 and op 1 (on
+/// thread B) join into op 4, run by whichever satisfies it last. Each op
+/// runs once, after its predecessors' writes, and one op ends the replay.
+#[test]
+fn kept_successors_run_on_the_thread_that_made_them_ready() {
+    loom::model(|| {
+        let replay = Replay::new(5);
+        assert!(replay.countdowns.arm(&[0, 0, 1, 1, 2]));
+        let join = |replay: &Replay| {
+            if replay.countdowns.satisfy(4) == Satisfied::Ready {
+                assert_eq!(replay.countdowns.op_done(), Left::More);
+                replay.run(4, &[1, 3], 0);
+            }
+        };
+        let a = {
+            let replay = replay.clone();
+            thread::spawn(move || {
+                replay.run(0, &[], 0);
+                let mut kept = Vec::new();
+                for s in [2, 3] {
+                    if replay.countdowns.satisfy(s) == Satisfied::Ready {
+                        kept.push(s);
+                    }
+                }
+                assert_eq!(kept, [2, 3], "op 0 was their only predecessor");
+                assert_eq!(replay.countdowns.op_done(), Left::More, "two kept");
+                let mut last = Left::More;
+                for s in kept {
+                    replay.run(s as usize, &[0], 0);
+                    if s == 3 {
+                        join(&replay);
+                    }
+                    last = replay.countdowns.op_done();
+                }
+                last
+            })
+        };
+        let b = {
+            let replay = replay.clone();
+            thread::spawn(move || {
+                replay.run(1, &[], 0);
+                join(&replay);
+                replay.countdowns.op_done()
+            })
+        };
+        replay.await_end(1);
+        let lasts = [a.join().unwrap(), b.join().unwrap()];
+        assert_eq!(lasts.iter().filter(|&&l| l == Left::Last).count(), 1);
+        for op in 0..5 {
+            assert_eq!(replay.runs[op].load(AcqRel), 1, "op {op} once");
+        }
+    });
+}
+
 /// A replay of a real recorded graph (two roots and a join, through
 /// intermediates, on the no-op host) holds its boundary variable `a` while
 /// another thread pushes a read and a write of `a` behind or before it:

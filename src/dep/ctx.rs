@@ -113,6 +113,9 @@ impl fmt::Debug for Device {
 /// ```
 pub struct OpCtx {
     op: *const OpBlock,
+    /// The op's edges, which its block keeps in place while the context
+    /// lives: at hand for each lookup.
+    edges: *const [OpEdge],
     /// One borrow counter per mutated variable, at the index of its edge
     /// (writes come first among the op's edges); reads need none.
     borrows: Few<AtomicI32>,
@@ -165,12 +168,39 @@ impl OpCtx {
     pub(crate) fn borrowed(op: &OpBlock, env: &Env<'_>) -> Self {
         Self {
             op,
+            edges: op.edges(),
             borrows: borrows(op),
             lease: None,
             stream: env.stream.map_or(std::ptr::null(), |s| s),
             engine: env.engine,
             index: AtomicPtr::new(std::ptr::null_mut()),
         }
+    }
+
+    /// The context of a recorded op (`dep::resident`), made once and lent
+    /// to each of its runs ([`lend`](Self::lend)): a replay builds and
+    /// drops none. It outlives no run's borrows (they live within the
+    /// body's call), and keeps its index from one run to the next.
+    pub(crate) fn resident(op: &OpBlock, engine: u64) -> Self {
+        Self {
+            op,
+            edges: op.edges(),
+            borrows: borrows(op),
+            lease: None,
+            stream: std::ptr::null(),
+            engine,
+            index: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// A resident context, ready for one more run: a borrow the last run
+    /// forgot (`mem::forget` of a guard) is undone.
+    #[inline]
+    pub(crate) fn lend(&self) -> &Self {
+        for c in self.borrows.iter() {
+            c.store(0, Ordering::Relaxed);
+        }
+        self
     }
 
     /// A context owned by an async body; `anchor` is a waker of the op's
@@ -181,6 +211,7 @@ impl OpCtx {
         op.status.fetch_or(2, Ordering::Relaxed);
         Self {
             op,
+            edges: op.edges(),
             borrows: borrows(op),
             lease: Some(Lease {
                 anchor,
@@ -190,6 +221,13 @@ impl OpCtx {
             engine: env.engine,
             index: AtomicPtr::new(std::ptr::null_mut()),
         }
+    }
+
+    #[inline]
+    fn edges(&self) -> &[OpEdge] {
+        // SAFETY: as in `op`: the block (and so its edges, which never
+        // change once it is made) is alive while the context is.
+        unsafe { &*self.edges }
     }
 
     #[inline]
@@ -205,7 +243,7 @@ impl OpCtx {
     /// that an op on one or two variables pays one `min` for it).
     #[inline]
     pub(super) fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
-        let edges = self.op().edges();
+        let edges = self.edges();
         let scanned = &edges[..edges.len().min(SCAN_MAX)];
         match scanned.iter().enumerate().find(|(_, e)| key.names(&e.var)) {
             Some(found) => Ok(found),
@@ -219,7 +257,7 @@ impl OpCtx {
     #[cold]
     #[inline(never)]
     fn find_indexed(&self, id: VarId) -> Result<(usize, &OpEdge), Error> {
-        let edges = self.op().edges();
+        let edges = self.edges();
         let mut index = self.index.load(Ordering::Acquire);
         if index.is_null() {
             let mut built: Index = edges

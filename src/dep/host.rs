@@ -63,6 +63,13 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     /// itself while running.
     fn dispatch(&self, op: Runner, yielded: bool);
 
+    /// How many of the ready ops that a thread running ops of device
+    /// `device_index` keeps for itself (a replay's, in `graph::run`) it
+    /// should hand to the device's executor now, so that no worker idles
+    /// while it holds them (a hint). A host that cannot tell says
+    /// `usize::MAX`: hand everything over.
+    fn wanted(&self, device_index: u16) -> usize;
+
     /// The broker of the host's counted units (one pool per resource), and
     /// the ops waiting for them.
     fn broker(&self) -> &Broker<Runner>;

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::block::OpBlock;
+use super::block::{OpBlock, OpEdge};
 use super::var::VarState;
 use crate::error::{OpFailure, VarId};
 
@@ -37,10 +37,17 @@ impl OpBlock {
     /// device writes count (finding them takes a lock per variable).
     #[inline]
     pub(super) fn blocked_by(&self, streams: bool) -> Option<Skip> {
+        self.blocked_by_edges(self.edges(), streams)
+    }
+
+    /// [`blocked_by`](Self::blocked_by), given the op's edges (a recorded
+    /// op keeps them at hand).
+    #[inline]
+    pub(super) fn blocked_by_edges(&self, edges: &[OpEdge], streams: bool) -> Option<Skip> {
         if self.is_cancelled() {
             return Some(Skip::Cancelled);
         }
-        for e in self.edges() {
+        for e in edges {
             // SAFETY: the op holds a grant on every edge.
             if unsafe { e.var.is_live() } {
                 if streams

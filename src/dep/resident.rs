@@ -8,7 +8,9 @@
 //! spawns nothing and allocates nothing per op: waking the task hands its
 //! runnable to the op's device's executor like any ready op (priority
 //! included), and a driver may also run an op at once on the thread that
-//! made it ready ([`run_recorded`]).
+//! made it ready ([`run_recorded`]). What a run needs is made once, at
+//! recording, and kept with the task: its block's address and edges, and
+//! the body's context ([`OpCtx`]), lent to each run.
 //!
 //! Ordering is the graph's: a recorded op runs only when the replay's
 //! countdowns (`core::replay`) say every op it depends on has ended, and
@@ -31,17 +33,19 @@
 // sound.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use super::block::{OpBlock, OpSpec, Runner};
-use super::ctx::{Env, OpCtx};
+use super::block::{OpBlock, OpEdge, OpSpec, Runner};
+use super::ctx::OpCtx;
 use super::future::CurrentOp;
 use super::host::Host;
-use super::lifecycle::{host, lease_dropped};
+use super::lifecycle::host;
 use super::poison::Skip;
 use super::var::VarState;
 use crate::error::{BoxError, FailureKind, OpFailure, panic_message};
@@ -74,7 +78,21 @@ pub(crate) enum Ran {
 pub(crate) struct Resident {
     waker: Waker,
     task: Option<async_task::Task<(), OpBlock>>,
+    /// The task's block and its edges, at hand: the task's metadata stays
+    /// in place, alive, until `task` is dropped (in `drop`).
+    block: NonNull<OpBlock>,
+    edges: NonNull<[OpEdge]>,
+    /// The body's context, lent to each run (none is built per run). It
+    /// points into the task's block, which `task` keeps alive; its drop
+    /// touches no block.
+    ctx: OpCtx,
 }
+
+// SAFETY: `block` and `edges` point into the task's metadata, an `OpBlock`,
+// which is `Sync` (executors share it); only shared references are made.
+unsafe impl Send for Resident {}
+// SAFETY: as above.
+unsafe impl Sync for Resident {}
 
 impl std::fmt::Debug for Resident {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -109,16 +127,31 @@ impl Resident {
         // The first poll parks the task (it returns at once): from now on a
         // wake schedules it.
         runner.run();
+        let block = task.metadata();
+        let ctx = OpCtx::resident(block, host.id());
         Self {
             waker,
+            block: NonNull::from(block),
+            edges: NonNull::from(block.edges()),
             task: Some(task),
+            ctx,
         }
     }
 
     /// The op's block: its edges, name, device, priority.
     #[inline]
     pub(crate) fn block(&self) -> &OpBlock {
-        self.task.as_ref().expect("resident task").metadata()
+        // SAFETY: the task keeps its metadata alive and in place while this
+        // lives (see the field).
+        unsafe { self.block.as_ref() }
+    }
+
+    /// The op's edges, writes first.
+    #[inline]
+    fn edges(&self) -> &[OpEdge] {
+        // SAFETY: as in `block`: the edges are the block's, which never
+        // change once it is made.
+        unsafe { self.edges.as_ref() }
     }
 
     /// Hands the op to its device's executor: it runs there through the
@@ -127,6 +160,22 @@ impl Resident {
     pub(crate) fn wake(&self) {
         self.waker.wake_by_ref();
     }
+
+    /// [`wake`](Self::wake), for a thread that goes on running ops of its
+    /// own: the op goes where idle workers take it at once (a pool's
+    /// shared deque), not to this worker's next slot, which only this
+    /// worker takes, once it is done with what it runs.
+    #[inline]
+    pub(crate) fn share(&self) {
+        SHARING.set(true);
+        self.waker.wake_by_ref();
+        SHARING.set(false);
+    }
+}
+
+thread_local! {
+    /// A [`Resident::share`] is waking a task on this thread.
+    static SHARING: Cell<bool> = const { Cell::new(false) };
 }
 
 impl Drop for Resident {
@@ -154,8 +203,11 @@ fn schedule_resident<H: Host>(runner: Runner) {
     // SAFETY: a resident task is woken only while its host is alive (see
     // `Resident::spawn`), and `spawn::<H, _>` set this block's host.
     let host: *const H = unsafe { host::<H>(runner.metadata()) };
+    // Shared work goes where other workers take it: as a pool takes an op
+    // that woke itself (`yielded`).
+    let shared = SHARING.get();
     // SAFETY: as above.
-    unsafe { (*host).dispatch(runner, false) };
+    unsafe { (*host).dispatch(runner, shared) };
 }
 
 /// The future of a resident task: parks on its first poll, then runs its
@@ -185,7 +237,7 @@ impl<D: Driver> Future for ResidentFuture<D> {
     }
 }
 
-/// Runs recorded op `op` once, on the calling thread: skipped if an input
+/// Runs recorded op `op` (its block, context and body) once, on the calling thread: skipped if an input
 /// is poisoned or deleted, else its body, panics caught. A failure poisons
 /// what it mutates (and is recorded by the host); every mutated variable's
 /// version is counted, as a pushed op's end counts it (the replay's own op,
@@ -194,8 +246,11 @@ impl<D: Driver> Future for ResidentFuture<D> {
 /// The caller guarantees that the op may touch its variables now: every
 /// op it depends on in the replay has ended, and the replay holds the
 /// grants of its variables from outside the graph.
-pub(crate) fn run_recorded<H: Host>(op: &OpBlock, body: &RecordedBody, host: &H) -> Ran {
-    let ran = match op.blocked_by(false) {
+#[inline]
+pub(crate) fn run_recorded<H: Host>(op: &Resident, body: &RecordedBody, host: &H) -> Ran {
+    let (edges, ctx) = (op.edges(), &op.ctx);
+    let op = op.block();
+    let ran = match op.blocked_by_edges(edges, false) {
         Some(Skip::Poisoned(cause)) => {
             op.fail(&cause);
             Ran::Skipped(cause)
@@ -203,14 +258,9 @@ pub(crate) fn run_recorded<H: Host>(op: &OpBlock, body: &RecordedBody, host: &H)
         Some(Skip::Deleted(var)) => failed(op, FailureKind::InputDeleted(var), host),
         Some(Skip::Cancelled) => unreachable!("a recorded op is never cancelled"),
         None => {
-            let env = Env {
-                stream: None,
-                engine: host.id(),
-                lease_dropped: lease_dropped::<H>,
-            };
             let result = {
                 let _current = CurrentOp::enter(op);
-                catch_unwind(AssertUnwindSafe(|| body(&OpCtx::borrowed(op, &env))))
+                catch_unwind(AssertUnwindSafe(|| body(ctx.lend())))
             };
             match result {
                 Ok(Ok(())) => Ran::Succeeded,
@@ -223,7 +273,8 @@ pub(crate) fn run_recorded<H: Host>(op: &OpBlock, body: &RecordedBody, host: &H)
             }
         }
     };
-    for e in op.edges().iter().filter(|e| e.is_write()) {
+    // Writes come first among the edges.
+    for e in edges.iter().take_while(|e| e.is_write()) {
         e.var.bump_version();
     }
     ran

@@ -88,6 +88,10 @@ impl Host for NoopHost {
         self.dispatched.notify_all();
     }
 
+    fn wanted(&self, _device_index: u16) -> usize {
+        usize::MAX // no workers: dispatched ops wait in `ready`
+    }
+
     fn broker(&self) -> &Broker<Runner> {
         &self.broker
     }

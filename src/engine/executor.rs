@@ -67,6 +67,16 @@ impl Exec {
         }
     }
 
+    /// How many kept ready ops to hand over now (see `Pool::wanted`); for
+    /// an executor that cannot tell, `usize::MAX`: hand it all.
+    #[inline]
+    pub(crate) fn wanted(&self) -> usize {
+        match self {
+            Exec::Pool(pool) => pool.wanted(),
+            Exec::Stream(_) | Exec::Other(_) => usize::MAX,
+        }
+    }
+
     /// Stops the executor: for a stream device the launcher, then the
     /// device (nothing is in flight: the engine drained).
     pub(crate) fn shutdown(&self) {

@@ -208,6 +208,11 @@ impl Host for Shared {
         self.devices[device].exec.schedule(op, yielded);
     }
 
+    #[inline]
+    fn wanted(&self, device_index: u16) -> usize {
+        self.devices[usize::from(device_index)].exec.wanted()
+    }
+
     fn broker(&self) -> &Broker<Runner> {
         &self.broker
     }

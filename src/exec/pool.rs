@@ -218,6 +218,33 @@ impl<W> std::fmt::Debug for Pool<W> {
     }
 }
 
+impl<W: Work> Pool<W> {
+    /// How many of the ready jobs that a job running on this thread keeps
+    /// for itself it should hand to the pool now (`Host::wanted`): none in
+    /// a pool of one, or while jobs it handed over wait in this worker's
+    /// deque; else one per idle worker (parked, or awake and looking), and
+    /// at least one: a worker about to park or just done with a job is not
+    /// counted idle, and would otherwise wait for this job's end. A hint:
+    /// it may change at once.
+    #[inline]
+    pub(crate) fn wanted(&self) -> usize {
+        let shared = &*self.shared;
+        if shared.sleepers.len() < 2 {
+            return 0;
+        }
+        let (pool, local) = WORKER.with(Cell::get);
+        if pool == shared.address() {
+            // SAFETY: as in `schedule`: this thread is one of this pool's
+            // workers, running a job, and `local` its own `Local<W>`.
+            let local = unsafe { &*local.cast::<Local<W>>() };
+            if !local.deque.is_empty() {
+                return 0;
+            }
+        }
+        (shared.searching.load(Relaxed) + shared.num_idle.load(Relaxed)).max(1)
+    }
+}
+
 impl<W: Work> Queue<W> for Pool<W> {
     #[inline]
     fn schedule(&self, job: W, yielded: bool) {

@@ -13,8 +13,14 @@
 //!    of them itself.
 //! 3. An op that ends satisfies its successors: the first one made ready
 //!    on the same device runs at once on the same thread (no queue round
-//!    trip: a recorded chain runs as a loop); the others are woken onto
-//!    their devices' executors.
+//!    trip: a recorded chain runs as a loop); more on that device (of
+//!    priority 0) are kept on this thread's stack ([`Ready`]) to run next,
+//!    and the others are woken onto their devices' executors. Kept ops are
+//!    handed to the executor as it wants them (`Host::wanted`: its idle
+//!    workers, so parallelism is not lost), and all of them when an op of
+//!    higher priority was woken on this device (the executor orders them).
+//!    So a replay wakes an op (some 250 instructions: the task's wake, the
+//!    queue, the task's run) only to hand it to another worker.
 //! 4. The op that ends last wakes the replay's op, which resolves to the
 //!    replay's first failure and releases the boundary variables.
 
@@ -39,6 +45,53 @@ pub(crate) struct Step {
     pub(crate) resident: Resident,
     pub(crate) body: RecordedBody,
     pub(crate) device: u16,
+    pub(crate) priority: i32,
+}
+
+/// How many ready ops one thread keeps to run itself (a power of two).
+const KEEP: usize = 64;
+
+/// The ready ops a thread keeps to run itself, in the order they became
+/// ready: a ring on its stack (no allocation).
+struct Ready {
+    ops: [u32; KEEP],
+    head: usize,
+    len: usize,
+}
+
+impl Ready {
+    fn new() -> Self {
+        Self {
+            ops: [0; KEEP],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, op: u32) {
+        debug_assert!(self.len < KEEP);
+        self.ops[(self.head + self.len) % KEEP] = op;
+        self.len += 1;
+    }
+
+    #[inline]
+    fn pop_front(&mut self) -> Option<u32> {
+        (self.len != 0).then(|| {
+            let op = self.ops[self.head];
+            self.head = (self.head + 1) % KEEP;
+            self.len -= 1;
+            op
+        })
+    }
+
+    #[inline]
+    fn pop_back(&mut self) -> Option<u32> {
+        (self.len != 0).then(|| {
+            self.len -= 1;
+            self.ops[(self.head + self.len) % KEEP]
+        })
+    }
 }
 
 /// The order a replay follows, from the analysis.
@@ -100,6 +153,7 @@ impl<H: Host> Runtime<H> {
                 .enumerate()
                 .map(|(i, (spec, body))| Step {
                     device: spec.device_index,
+                    priority: spec.priority,
                     // SAFETY: a resident task is woken only by this runtime
                     // (`run_from`, `ReplayBody`) while a replay is in
                     // flight, and the replay's op holds the runtime (the
@@ -145,30 +199,77 @@ impl<H: Host> Runtime<H> {
         self.countdowns.arm(&self.schedule.preds)
     }
 
+    /// Op `op` became ready on a thread that runs ops of device `device`
+    /// and has `next` to run next: the first one on this device becomes
+    /// `next` whatever its priority (a chain runs as a loop); more are kept
+    /// in `ready` at priority 0, as many as fit; the others are woken onto
+    /// their devices' executors. Returns whether it woke an op of higher
+    /// priority on this device, which this thread should then not hold
+    /// its kept ops back from.
+    #[inline]
+    fn make_ready(&self, next: &mut Option<u32>, ready: &mut Ready, device: u16, op: u32) -> bool {
+        let step = &self.steps[op as usize];
+        if step.device != device {
+            step.resident.wake();
+            false
+        } else if next.is_none() {
+            *next = Some(op);
+            false
+        } else if step.priority == 0 && ready.len < KEEP {
+            ready.push(op);
+            false
+        } else {
+            step.resident.wake();
+            step.priority > 0
+        }
+    }
+
+    /// Hands kept ops on: all of them if `urgent` (an op of higher priority
+    /// waits: the executor orders them), else as many as the executor of
+    /// `device` wants now (`Host::wanted`: enough to keep its other
+    /// workers busy), latest first.
+    #[inline(always)]
+    fn share(&self, ready: &mut Ready, device: u16, urgent: bool) {
+        let n = if urgent {
+            ready.len
+        } else {
+            self.host.wanted(device).min(ready.len)
+        };
+        for _ in 0..n {
+            let s = ready.pop_back().expect("kept");
+            self.steps[s as usize].resident.share();
+        }
+    }
+
     /// Runs op `op` (ready), then, while an op it ends makes one on the
-    /// same device ready, that one.
-    fn run_from(&self, mut op: u32) {
+    /// same device ready, that one; then the ops kept in `ready` (of the
+    /// same device), and those they make ready, until none is left. Kept
+    /// ops are shared with the device's idle workers as it goes.
+    fn run_from(&self, mut op: u32, ready: &mut Ready) {
+        let device = self.steps[op as usize].device;
         loop {
             let step = &self.steps[op as usize];
-            match run_recorded(step.resident.block(), &step.body, &*self.host) {
+            match run_recorded(&step.resident, &step.body, &*self.host) {
                 Ran::Succeeded => {}
                 Ran::Failed(f) => self.fail(Error::Failed(f)),
                 Ran::Skipped(f) => self.fail(Error::Poisoned(f)),
             }
-            let mut next = None;
+            let (mut next, mut urgent) = (None, false);
             for &s in self.successors(op) {
                 if self.countdowns.satisfy(s) == Satisfied::Ready {
-                    if next.is_none() && self.steps[s as usize].device == step.device {
-                        next = Some(s);
-                    } else {
-                        self.steps[s as usize].resident.wake();
-                    }
+                    urgent |= self.make_ready(&mut next, ready, device, s);
                 }
             }
+            if ready.len != 0 {
+                self.share(ready, device, urgent);
+            }
             // After the last op is counted out, nothing here may be touched
-            // (the replay's op may free the graph); a kept successor means
-            // this was not the last.
-            match (self.countdowns.op_done(), next) {
+            // (the replay's op may free the graph); an op kept or handed on
+            // means this was not the last.
+            match (
+                self.countdowns.op_done(),
+                next.or_else(|| ready.pop_front()),
+            ) {
                 (Left::More, Some(s)) => op = s,
                 (Left::More, None) => return,
                 (Left::Last, next) => {
@@ -182,7 +283,7 @@ impl<H: Host> Runtime<H> {
 
 impl<H: Host> Driver for Runtime<H> {
     fn run(&self, op: u32) {
-        self.run_from(op);
+        self.run_from(op, &mut Ready::new());
     }
 }
 
@@ -219,17 +320,16 @@ impl<H: Host> Body for ReplayBody<H> {
         if !this.armed {
             this.armed = true;
             if runtime.arm() {
-                // Wake the first ops, keeping one on this device to run here.
-                let mut here = None;
+                // Wake the first ops, keeping those on this device that
+                // fit to run here.
+                let (mut here, mut ready, mut urgent) = (None, Ready::new(), false);
+                let device = op.device_index();
                 for &r in runtime.schedule.roots.iter() {
-                    if here.is_none() && runtime.steps[r as usize].device == op.device_index() {
-                        here = Some(r);
-                    } else {
-                        runtime.steps[r as usize].resident.wake();
-                    }
+                    urgent |= runtime.make_ready(&mut here, &mut ready, device, r);
                 }
                 if let Some(r) = here {
-                    runtime.run_from(r);
+                    runtime.share(&mut ready, device, urgent);
+                    runtime.run_from(r, &mut ready);
                 }
             }
         }
