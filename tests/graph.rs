@@ -147,7 +147,8 @@ fn bad_recordings_are_refused() {
         rec.push(&[&b], &[&x], |_| Ok(()))
     });
     assert!(matches!(r, Err(Error::Graph(_))), "{r:?}");
-    // A stream device.
+    // A stream device is recorded (tests/graph_streams.rs), but not a lane
+    // it lacks.
     let gpu_engine = Engine::builder()
         .device("gpu", Executor::simulated_gpu(1))
         .build()
@@ -155,7 +156,15 @@ fn bad_recordings_are_refused() {
     let gpu = gpu_engine.device("gpu").unwrap();
     let v = gpu_engine.new_var();
     let r = gpu_engine.record(|rec| rec.op().on(gpu).mutates(&[&v]).run(|_| Ok(())));
-    assert!(matches!(r, Err(Error::Graph(_))), "{r:?}");
+    r.unwrap().replay().wait().unwrap();
+    let r = gpu_engine.record(|rec| {
+        rec.op()
+            .on(gpu)
+            .lane(depflow::Lane::Compute(5))
+            .mutates(&[&v])
+            .run(|_| Ok(()))
+    });
+    assert!(matches!(r, Err(Error::Stream(_))), "{r:?}");
     // Another engine's variable.
     let other = Engine::new();
     let w = other.var(0u8);

@@ -127,6 +127,11 @@ impl Resident {
     pub(crate) fn wake(&self) {
         self.waker.wake_by_ref();
     }
+
+    /// The task's waker: what device work and fences wake it with.
+    pub(crate) fn waker(&self) -> &Waker {
+        &self.waker
+    }
 }
 
 impl Drop for Resident {
@@ -154,6 +159,10 @@ fn schedule_resident<H: Host>(runner: Runner) {
     // SAFETY: a resident task is woken only while its host is alive (see
     // `Resident::spawn`), and `spawn::<H, _>` set this block's host.
     let host: *const H = unsafe { host::<H>(runner.metadata()) };
+    if super::resident_units::must_ask(runner.metadata()) {
+        // SAFETY: as above.
+        return super::resident_units::ask(runner, unsafe { &*host });
+    }
     // SAFETY: as above.
     unsafe { (*host).dispatch(runner, false) };
 }

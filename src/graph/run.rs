@@ -22,14 +22,19 @@
 // the block says why it is sound.
 #![allow(unsafe_code)]
 
+#[path = "run_slow.rs"]
+mod slow;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
+use self::slow::{Kind, ReplayTickets, Slow, UnitsPlan};
 use crate::core::replay::{Countdowns, Left, Satisfied};
 use crate::dep::{
-    Body, Driver, Env, Host, OpBlock, OpSpec, Ran, RecordedBody, Resident, run_recorded,
+    Body, Driver, Env, Host, OpBlock, OpSpec, OpUnits, Ran, RecordedBody, Resident, run_recorded,
+    run_settled,
 };
 use crate::error::{BoxError, Error};
 use crate::loom::sync::Mutex;
@@ -38,7 +43,10 @@ use crate::loom::sync::Mutex;
 pub(crate) struct Step {
     pub(crate) resident: Resident,
     pub(crate) body: RecordedBody,
+    /// The device it runs inline on (`slow::NO_INLINE` for a slow step).
     pub(crate) device: u16,
+    kind: Kind,
+    slow: Option<Box<Slow>>,
 }
 
 /// The order a replay follows, from the analysis.
@@ -73,6 +81,8 @@ pub(crate) struct Runtime<H: Host> {
     /// The id of the graph, which its intermediates carry.
     graph: u64,
     host: Arc<H>,
+    /// The units its ops take, if any (see `slow`).
+    units: Option<Arc<UnitsPlan>>,
 }
 
 impl<H: Host> std::fmt::Debug for Runtime<H> {
@@ -93,19 +103,25 @@ impl<H: Host> Runtime<H> {
         ops: Vec<(OpSpec, RecordedBody)>,
     ) -> Arc<Self> {
         let n = ops.len();
+        let units = UnitsPlan::new(ops.iter().map(|(spec, _)| spec));
         Arc::new_cyclic(|me| {
             let driver: *const Self = me.as_ptr();
             let steps = ops
                 .into_iter()
                 .enumerate()
-                .map(|(i, (spec, body))| Step {
-                    device: spec.device_index,
-                    // SAFETY: a resident task is woken only by this runtime
-                    // (`run_from`, `ReplayBody`) while a replay is in
-                    // flight, and the replay's op holds the runtime (the
-                    // driver, at `driver` once built) and with it the host.
-                    resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
-                    body,
+                .map(|(i, (spec, body))| {
+                    let (kind, device, slow) = slow::kind_of(&spec, &*host);
+                    Step {
+                        device,
+                        kind,
+                        slow,
+                        // SAFETY: a resident task is woken only by this runtime
+                        // (`run_from`, `ReplayBody`) while a replay is in
+                        // flight, and the replay's op holds the runtime (the
+                        // driver, at `driver` once built) and with it the host.
+                        resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
+                        body,
+                    }
                 })
                 .collect();
             Self {
@@ -116,6 +132,7 @@ impl<H: Host> Runtime<H> {
                 failed: AtomicBool::new(false),
                 graph,
                 host,
+                units,
             }
         })
     }
@@ -140,6 +157,7 @@ impl<H: Host> Runtime<H> {
         if self.failed.swap(false, Ordering::Relaxed) {
             for step in self.steps.iter() {
                 crate::dep::clear_graph_poison(step.resident.block(), self.graph);
+                crate::dep::clear_graph_fences(step.resident.block(), self.graph);
             }
         }
         self.countdowns.arm(&self.schedule.preds)
@@ -150,7 +168,12 @@ impl<H: Host> Runtime<H> {
     fn run_from(&self, mut op: u32) {
         loop {
             let step = &self.steps[op as usize];
-            match run_recorded(step.resident.block(), &step.body, &*self.host) {
+            let ran = match step.kind {
+                Kind::Host => run_recorded(step.resident.block(), &step.body, &*self.host),
+                Kind::Settled => run_settled(step.resident.block(), &step.body, &*self.host),
+                Kind::Units | Kind::Stream => return self.run_slow(op),
+            };
+            match ran {
                 Ran::Succeeded => {}
                 Ran::Failed(f) => self.fail(Error::Failed(f)),
                 Ran::Skipped(f) => self.fail(Error::Poisoned(f)),
@@ -191,14 +214,40 @@ impl<H: Host> Driver for Runtime<H> {
 pub(crate) struct ReplayBody<H: Host> {
     runtime: Option<Arc<Runtime<H>>>,
     armed: bool,
+    /// The recorded ops' tickets, if they take units.
+    tickets: Option<Arc<ReplayTickets>>,
 }
 
 impl<H: Host> ReplayBody<H> {
     pub(crate) fn new(runtime: Arc<Runtime<H>>) -> Self {
+        let tickets = runtime.units.clone().map(ReplayTickets::new);
         Self {
             runtime: Some(runtime),
             armed: false,
+            tickets,
         }
+    }
+
+    /// The units of the replay's op: none, but its push draws its recorded
+    /// ops' tickets (None if they take no units).
+    pub(crate) fn units(&self) -> Option<Box<OpUnits>> {
+        let tickets = self.tickets.clone()?;
+        Some(OpUnits::drawing(tickets))
+    }
+
+    /// Gives up the tickets of a replay that never armed.
+    fn give_up_tickets(&mut self) {
+        if let (Some(runtime), Some(tickets)) = (&self.runtime, self.tickets.take())
+            && !self.armed
+        {
+            runtime.give_up_tickets(&tickets);
+        }
+    }
+}
+
+impl<H: Host> Drop for ReplayBody<H> {
+    fn drop(&mut self) {
+        self.give_up_tickets();
     }
 }
 
@@ -218,6 +267,9 @@ impl<H: Host> Body for ReplayBody<H> {
         let runtime = this.runtime.as_ref().expect("replay polled after it ended");
         if !this.armed {
             this.armed = true;
+            if let Some(tickets) = &this.tickets {
+                runtime.set_tickets(tickets);
+            }
             if runtime.arm() {
                 // Wake the first ops, keeping one on this device to run here.
                 let mut here = None;
@@ -240,6 +292,8 @@ impl<H: Host> Body for ReplayBody<H> {
     }
 
     fn discard(self: Pin<&mut Self>) {
-        self.get_mut().runtime = None;
+        let this = self.get_mut();
+        this.give_up_tickets();
+        this.runtime = None;
     }
 }
