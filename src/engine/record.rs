@@ -490,6 +490,12 @@ impl Graph {
     }
 
     fn push_replay(&self) -> Result<OpHandle<Option<Error>>, Error> {
+        let (engine, spec, body) = self.replay_op()?;
+        engine.push_spec(spec, body)
+    }
+
+    /// The replay's op, declared (its variables checked), not pushed.
+    fn replay_op(&self) -> Result<(Engine, OpSpec, ReplayBody<Shared>), Error> {
         let inner = &*self.inner;
         let handle = inner.engine.upgrade().ok_or(Error::ShutDown)?;
         let engine = Engine { handle };
@@ -502,7 +508,7 @@ impl Graph {
         });
         let body = ReplayBody::new(a.runtime.clone());
         spec.units = body.units();
-        engine.push_spec(spec, body)
+        Ok((engine, spec, body))
     }
 
     /// The recorded ops, in recorded order.
@@ -605,6 +611,44 @@ impl Future for Replay {
         match &mut self.handle {
             Ok(handle) => Pin::new(handle).poll(cx).map(flatten),
             Err(e) => Poll::Ready(Err(e.clone())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replay declared just before another thread's delete of one of its
+    /// variables is pushed behind the delete, and never runs: the tickets
+    /// its push drew for its recorded ops are given up (else an allocating
+    /// op pushed later would wait for them for ever).
+    #[test]
+    fn a_replay_that_never_runs_gives_its_tickets_up() {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let slot = engine.new_resource("slot", 1);
+        let v = engine.var(0u32);
+        let graph = engine
+            .record(|rec| rec.op().mutates(&[&v]).uses(&slot, 1).run(|_| Ok(())))
+            .unwrap();
+        let (replaying, spec, body) = graph.replay_op().unwrap();
+        engine.delete_var(&v, drop).unwrap();
+        let replay = Replay {
+            handle: replaying.push_spec(spec, body),
+        };
+        assert!(matches!(replay.wait(), Err(Error::Deleted(_))));
+        let out = engine.new_var();
+        let (tx, rx) = std::sync::mpsc::channel();
+        engine
+            .op()
+            .mutates(&[&out])
+            .allocates(&slot, 1, &out)
+            .run(move |_| Ok(tx.send(()).unwrap()))
+            .unwrap();
+        if rx.recv_timeout(std::time::Duration::from_secs(30)).is_err() {
+            // Dropping the engine would wait for the stuck op.
+            std::mem::forget(engine);
+            panic!("the allocating op waits for the dead replay's tickets");
         }
     }
 }
