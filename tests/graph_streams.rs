@@ -113,7 +113,7 @@ fn device_ops_in_a_replay_keep_lane_and_program_order() {
 }
 
 #[test]
-fn a_same_lane_successor_is_enqueued_before_its_predecessor_finishes_and_another_lane_waits() {
+fn device_successors_are_enqueued_before_their_predecessor_finishes_and_host_ones_wait() {
     within(60, || {
         let (engine, gpu) = gpu_engine(1);
         let raw = Mem::default();
@@ -158,24 +158,35 @@ fn a_same_lane_successor_is_enqueued_before_its_predecessor_finishes_and_another
                             })?)
                         })?;
                 }
-                Ok(())
+                // A host op after them waits for their device work.
+                let tx = enqueued_tx.clone();
+                rec.op().name("host").reads(&[&m]).run(move |ctx| {
+                    tx.lock().unwrap().send("host").unwrap();
+                    assert_eq!(ctx.read(k)?.load(SeqCst), 123);
+                    Ok(())
+                })
             })
             .unwrap();
         let replay = graph.replay();
-        // The op on the gated op's lane is enqueued while the gate is shut.
-        assert_eq!(
-            enqueued.recv_timeout(Duration::from_secs(30)).unwrap(),
-            "same"
-        );
-        // The op on the other lane waits for the gated work to be done.
-        // (Only a broken order depends on this delay.)
+        // The ops on the gated op's device are enqueued while the gate is
+        // shut, as pushed ones are (tests/streams.rs): on its lane behind
+        // it, on the other lane behind a stream wait for its event.
+        for want in ["same", "other"] {
+            assert_eq!(
+                enqueued.recv_timeout(Duration::from_secs(30)).unwrap(),
+                want
+            );
+        }
+        // The host op waits for the device work to be done. (Only a broken
+        // order depends on this delay.)
         assert!(
             enqueued.recv_timeout(Duration::from_millis(200)).is_err(),
-            "an op on another lane went before its predecessor's work was done"
+            "a host op went before its predecessors' device work was done"
         );
         open.send(()).unwrap();
         replay.wait().unwrap();
-        assert_eq!(enqueued.try_recv().unwrap(), "other");
+        assert_eq!(enqueued.try_recv().unwrap(), "host");
+        // In program order on the device, across lanes.
         assert_eq!(raw.load(SeqCst), 123);
     });
 }

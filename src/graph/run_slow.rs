@@ -6,11 +6,12 @@
 //! - they are never run on the thread that made them ready: their resident
 //!   task is woken (their `device` in the step is [`NO_INLINE`]), which
 //!   asks for their units first if they have some (`dep::resident_units`);
-//! - a stream op's successors on its device and lane are made ready once
-//!   its work is enqueued (the lane's order keeps them behind it); the
-//!   others once its work is done, when the poller wakes its resident task
-//!   back: only then does it count itself out of the replay, so a replay is
-//!   over only once all its device work is;
+//! - a stream op's successors on its device are made ready once its work
+//!   is enqueued, as pushed ops are granted then (its lane's order keeps
+//!   those on its lane behind it; those on other lanes put stream waits
+//!   for its fence); the others once its work is done, when the poller
+//!   wakes its resident task back: only then does it count itself out of
+//!   the replay, so a replay is over only once all its device work is;
 //! - a step with units gives them back when it ends (its device work done).
 //!
 //! Units are taken in push order at the replay's push: the replay's op
@@ -51,7 +52,6 @@ pub(super) enum Kind {
 /// What a slow step keeps besides the common fields.
 pub(super) struct Slow {
     device: u16,
-    lane: Option<u8>,
     slot: StreamSlot,
 }
 
@@ -69,7 +69,6 @@ pub(super) fn kind_of<H: Host>(spec: &OpSpec, host: &H) -> (Kind, u16, Option<Bo
     };
     let slow = Slow {
         device: spec.device_index,
-        lane: spec.lane,
         slot: StreamSlot::default(),
     };
     (kind, NO_INLINE, Some(Box::new(slow)))
@@ -218,7 +217,7 @@ impl<H: Host> Runtime<H> {
                         give_back_units(block, host);
                         self.slow_ended(op, ran, false);
                     }
-                    // Its successors on its lane may go (the poller, which
+                    // Its successors on its device may go (the poller, which
                     // wakes this task back, cannot run it before this poll
                     // returns).
                     Enqueue::Enqueued => self.satisfy(op, true, true),
@@ -229,7 +228,7 @@ impl<H: Host> Runtime<H> {
     }
 
     /// Slow step `op` ended with `ran`: its successors (but those on its
-    /// lane if `enqueued`: they went at its enqueue), then it counts
+    /// device if `enqueued`: they went at its enqueue), then it counts
     /// itself out. Nothing here runs an op inline (this may be a poller).
     fn slow_ended(&self, op: u32, ran: Ran, enqueued: bool) {
         match ran {
@@ -242,11 +241,11 @@ impl<H: Host> Runtime<H> {
         let _ = self.countdowns.op_done();
     }
 
-    /// Satisfies `op`'s successors on its lane (`on_lane`) or the others,
-    /// or all of them (not `split`), waking those made ready.
-    fn satisfy(&self, op: u32, on_lane: bool, split: bool) {
+    /// Satisfies `op`'s successors on its device (`on_device`) or the
+    /// others, or all of them (not `split`), waking those made ready.
+    fn satisfy(&self, op: u32, on_device: bool, split: bool) {
         for &s in self.successors(op) {
-            if split && self.same_lane(op, s) != on_lane {
+            if split && self.same_device(op, s) != on_device {
                 continue;
             }
             if self.countdowns.satisfy(s) == Satisfied::Ready {
@@ -255,15 +254,12 @@ impl<H: Host> Runtime<H> {
         }
     }
 
-    /// Whether steps `a` and `b` are stream ops on one device and lane.
-    fn same_lane(&self, a: u32, b: u32) -> bool {
+    /// Whether steps `a` and `b` are stream ops on one device.
+    fn same_device(&self, a: u32, b: u32) -> bool {
         let (a, b) = (&self.steps[a as usize], &self.steps[b as usize]);
         match (&a.slow, &b.slow) {
             (Some(x), Some(y)) => {
-                a.kind == Kind::Stream
-                    && b.kind == Kind::Stream
-                    && x.device == y.device
-                    && x.lane == y.lane
+                a.kind == Kind::Stream && b.kind == Kind::Stream && x.device == y.device
             }
             _ => false,
         }
