@@ -1,5 +1,6 @@
 //! Loom models of a replay's countdowns (`src/core/replay.rs`): the ops of
-//! a recorded graph's replay, on model threads.
+//! a recorded graph's replay, on model threads (a stream op's two halves
+//! included, as `src/graph/run_slow.rs` drives them).
 //!
 //! Each op writes its own loom cell and reads its predecessors': loom
 //! checks that what an op ran after is ordered before it. A `frame` cell
@@ -131,6 +132,57 @@ fn a_single_ready_successor_is_handed_off_once() {
         assert_eq!(replay.runs[2].load(AcqRel), 1);
         // SAFETY: every thread is joined.
         replay.cells[2].with(|c| unsafe { assert_eq!(*c, 3) });
+    });
+}
+
+/// A stream op in a replay (`src/graph/run_slow.rs`): op 0 enqueues its
+/// work on the launcher and makes its successor on the same device (op 1)
+/// ready at once; the poller completes its fence later, on a thread of its
+/// own, and only then does op 0 satisfy its host successor (op 2, which
+/// also waits for op 1) and count itself out. Whichever of op 1's end and
+/// the completion comes last runs op 2 and may end the replay: loom checks
+/// op 2 sees both writes, runs once, and nothing is touched after the
+/// replay's end (the fence completing while the countdowns are read).
+#[test]
+fn a_stream_op_completes_while_its_device_successor_runs() {
+    loom::model(|| {
+        let replay = Replay::new(3);
+        assert!(replay.countdowns.arm(&[0, 1, 2]));
+        let run_host_successor = |replay: &Replay| {
+            if replay.countdowns.satisfy(2) == Satisfied::Ready {
+                replay.run(2, &[0, 1], 0);
+                let _ = replay.countdowns.op_done();
+            }
+        };
+        let launcher = {
+            let replay = replay.clone();
+            thread::spawn(move || {
+                // Enqueue: the body, then the same-device successor.
+                replay.run(0, &[], 0);
+                assert_eq!(replay.countdowns.satisfy(1), Satisfied::Ready);
+                let device_successor = {
+                    let replay = replay.clone();
+                    thread::spawn(move || {
+                        replay.run(1, &[0], 0);
+                        run_host_successor(&replay);
+                        let _ = replay.countdowns.op_done();
+                    })
+                };
+                // The fence, handed to the poller: its completion.
+                let poller = {
+                    let replay = replay.clone();
+                    thread::spawn(move || {
+                        run_host_successor(&replay);
+                        let _ = replay.countdowns.op_done();
+                    })
+                };
+                device_successor.join().unwrap();
+                poller.join().unwrap();
+            })
+        };
+        replay.await_end(1);
+        launcher.join().unwrap();
+        assert_eq!(replay.runs[2].load(AcqRel), 1);
     });
 }
 
