@@ -578,3 +578,44 @@ fn recorded_units_are_checked_and_lasting_ones_refused() {
         Error::Stream(_)
     ));
 }
+
+#[test]
+fn a_recorded_host_op_is_skipped_on_an_input_a_pushed_device_op_failed_to_write() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (v, out) = (engine.var(0u32), engine.var(0u32));
+        let graph = engine
+            .record(|rec| {
+                rec.op().name("host").reads(&[&v]).mutates(&[&out]).run({
+                    let (v, out) = (v.key(), out.key());
+                    move |ctx| {
+                        *ctx.write(out)? = *ctx.read(v)? + 1;
+                        Ok(())
+                    }
+                })
+            })
+            .unwrap();
+        let failing = engine
+            .op()
+            .name("kernel")
+            .on(gpu)
+            .mutates(&[&v])
+            .run(|ctx| {
+                Ok(ctx
+                    .stream()?
+                    .enqueue(|| Err("illegal address".to_string()))?)
+            })
+            .unwrap();
+        // The replay only reads v: the failure stays in v's fence, which a
+        // pushed host op reading v would see.
+        match graph.replay().wait() {
+            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
+            other => panic!("{other:?}"),
+        }
+        assert!(failing.wait().is_err());
+        match engine.wait_for_var(&out).wait() {
+            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
+            other => panic!("{other:?}"),
+        }
+    });
+}

@@ -17,6 +17,10 @@
 //!    their devices' executors.
 //! 4. The op that ends last wakes the replay's op, which resolves to the
 //!    replay's first failure and releases the boundary variables.
+//!
+//! Ops on stream devices and ops with units are *slow steps* (`run_slow`):
+//! always woken, never run inline; a stream op counts itself out only once
+//! its device work is done.
 
 // `unsafe`: spawning the resident tasks, whose contract the runtime keeps;
 // the block says why it is sound.
