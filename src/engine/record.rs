@@ -643,7 +643,10 @@ mod tests {
             .op()
             .mutates(&[&out])
             .allocates(&slot, 1, &out)
-            .run(move |_| Ok(tx.send(()).unwrap()))
+            .run(move |_| {
+                tx.send(()).unwrap();
+                Ok(())
+            })
             .unwrap();
         if rx.recv_timeout(std::time::Duration::from_secs(30)).is_err() {
             // Dropping the engine would wait for the stuck op.
