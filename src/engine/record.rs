@@ -285,7 +285,7 @@ impl<'r> RecordOp<'r, '_> {
     /// use depflow::{Engine, Executor, Lane};
     ///
     /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(2)).build()?;
-    /// let gpu = engine.device("gpu")?;
+    /// let gpu = engine.device("gpu").unwrap();
     /// let v = engine.var(0u32);
     /// let graph = engine.record(|rec| {
     ///     rec.op().on(gpu).lane(Lane::HostToDevice).mutates(&[&v]).run({
