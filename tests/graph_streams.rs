@@ -619,3 +619,57 @@ fn a_recorded_host_op_is_skipped_on_an_input_a_pushed_device_op_failed_to_write(
         }
     });
 }
+
+#[test]
+fn traced_and_tracked_replays_of_device_ops_with_units() {
+    within(60, || {
+        let engine = Engine::builder()
+            .threads(2)
+            .device("gpu", Executor::simulated_gpu(2))
+            .tracing(depflow::Tracing::On)
+            .track_ops(true)
+            .build()
+            .unwrap();
+        let gpu = engine.device("gpu").unwrap();
+        let slots = engine.new_resource("slots", 1);
+        let (a, b) = (engine.var(Mem::default()), engine.var(0u64));
+        let graph = engine
+            .record(|rec| {
+                let (ak, bk) = (a.key(), b.key());
+                rec.op()
+                    .on(gpu)
+                    .mutates(&[&a])
+                    .uses(&slots, 1)
+                    .run(move |ctx| {
+                        let a = ctx.write(ak)?.clone();
+                        Ok(ctx.stream()?.enqueue(move || {
+                            a.fetch_add(1, SeqCst);
+                            Ok(())
+                        })?)
+                    })?;
+                rec.op()
+                    .reads(&[&a])
+                    .mutates(&[&b])
+                    .uses(&slots, 1)
+                    .run(move |ctx| {
+                        *ctx.write(bk)? = ctx.read(ak)?.load(SeqCst);
+                        Ok(())
+                    })
+            })
+            .unwrap();
+        for _ in 0..3 {
+            graph.replay();
+        }
+        graph.replay().wait().unwrap();
+        assert_eq!(engine.get(&b).wait().unwrap(), 4);
+        let trace = engine.trace().unwrap();
+        assert!(!trace.ops().is_empty());
+        let _ = trace.to_chrome_json();
+        let diagnostics = engine.diagnostics();
+        assert_eq!(
+            diagnostics.ops().map(<[_]>::len),
+            Some(0),
+            "nothing left tracked"
+        );
+    });
+}

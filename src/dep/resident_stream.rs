@@ -139,7 +139,6 @@ pub(crate) fn enqueue_recorded<H: Host>(
     match device.backend.record(lane, fence.event()) {
         Ok(()) => {
             op.publish(&fence);
-            host.on_enqueued(op);
             *slot.fence.lock() = Some(fence.clone());
             device.poller.watch(Entry {
                 fence,
@@ -177,7 +176,6 @@ pub(crate) fn complete_recorded<H: Host>(op: &OpBlock, slot: &StreamSlot, host: 
         }
         fence.take().expect("checked")
     };
-    host.on_ended(op);
     Some(match fence.failure() {
         None => Ran::Succeeded,
         Some(cause) if fence.inherited() => Ran::Skipped(cause),
