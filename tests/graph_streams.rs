@@ -673,3 +673,51 @@ fn traced_and_tracked_replays_of_device_ops_with_units() {
         );
     });
 }
+
+#[test]
+fn a_recorded_write_after_device_reads_on_another_lane_waits_for_them() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let raw = Mem::new(AtomicU64::new(1));
+        let seen_raw = Mem::default();
+        let (v, seen) = (engine.var(raw.clone()), engine.var(seen_raw.clone()));
+        let (open, shut) = gate();
+        let graph = engine
+            .record(|rec| {
+                let (vk, sk) = (v.key(), seen.key());
+                // Reads v on lane 0, held at the gate.
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(0))
+                    .reads(&[&v])
+                    .mutates(&[&seen])
+                    .run(move |ctx| {
+                        let (v, seen) = (ctx.read(vk)?.clone(), ctx.write(sk)?.clone());
+                        let shut = shut.clone();
+                        Ok(ctx.stream()?.enqueue(move || {
+                            shut.pass();
+                            seen.store(v.load(SeqCst), SeqCst);
+                            Ok(())
+                        })?)
+                    })?;
+                // Writes v on lane 1: enqueued at once, its work after the read's.
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(1))
+                    .mutates(&[&v])
+                    .run(move |ctx| {
+                        let v = ctx.write(vk)?.clone();
+                        Ok(ctx.stream()?.simulate(move || {
+                            v.store(2, SeqCst);
+                            Ok(())
+                        })?)
+                    })
+            })
+            .unwrap();
+        let replay = graph.replay();
+        open.send(()).unwrap();
+        replay.wait().unwrap();
+        assert_eq!(seen_raw.load(SeqCst), 1, "the write ran before the read");
+        assert_eq!(raw.load(SeqCst), 2);
+    });
+}
