@@ -166,9 +166,10 @@ pub(crate) fn enqueue_recorded<H: Host>(
     }
 }
 
-/// The completion half of recorded op `op`, woken by the poller: how it
-/// ended, once its fence is done (None if it is not: a wake for nothing).
-pub(crate) fn complete_recorded<H: Host>(op: &OpBlock, slot: &StreamSlot, host: &H) -> Option<Ran> {
+/// The completion half of a recorded op, woken by the poller: how it
+/// ended, once the fence in its `slot` is done (None if it is not: a wake
+/// for nothing).
+pub(crate) fn complete_recorded<H: Host>(slot: &StreamSlot, host: &H) -> Option<Ran> {
     let fence = {
         let mut fence = slot.fence.lock();
         if !fence.as_ref().is_some_and(|f| f.is_done()) {

@@ -205,7 +205,7 @@ impl<H: Host> Runtime<H> {
                 self.slow_ended(op, ran, false);
             }
             Kind::Stream if slow.slot.is_enqueued() => {
-                if let Some(ran) = complete_recorded(block, &slow.slot, host) {
+                if let Some(ran) = complete_recorded(&slow.slot, host) {
                     give_back_units(block, host);
                     self.slow_ended(op, ran, true);
                 }
