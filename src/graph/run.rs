@@ -70,7 +70,9 @@ pub(crate) struct Schedule {
 ///
 /// | field | written by | read by |
 /// | --- | --- | --- |
-/// | `steps` (resident tasks, bodies), `schedule`, `host`, `graph` | the recording's end | replays |
+/// | `steps` (resident tasks, bodies, kinds), `schedule`, `host`, `graph`, `units` | the recording's end | replays |
+/// | a slow step's `StreamSlot` | see `dep::resident_stream` | |
+/// | the recorded ops' tickets | the replay's op as it arms (`slow`) | the broker |
 /// | `countdowns` | see `core::replay` | |
 /// | `failure`, `failed` | the replay's ops, as they fail; the replay's op (taking it, at its end; clearing `failed` when it arms) | the same |
 pub(crate) struct Runtime<H: Host> {
@@ -120,9 +122,11 @@ impl<H: Host> Runtime<H> {
                         kind,
                         slow,
                         // SAFETY: a resident task is woken only by this runtime
-                        // (`run_from`, `ReplayBody`) while a replay is in
-                        // flight, and the replay's op holds the runtime (the
-                        // driver, at `driver` once built) and with it the host.
+                        // (`run_from`, `ReplayBody`, `slow`), or for it (the
+                        // broker, fences, the poller) while a replay is in
+                        // flight and waits for the op, and the replay's op
+                        // holds the runtime (the driver, at `driver` once
+                        // built) and with it the host.
                         resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
                         body,
                     }
