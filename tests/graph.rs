@@ -147,7 +147,8 @@ fn bad_recordings_are_refused() {
         rec.push(&[&b], &[&x], |_| Ok(()))
     });
     assert!(matches!(r, Err(Error::Graph(_))), "{r:?}");
-    // A stream device.
+    // A stream device is recorded (tests/graph_streams.rs), but not a lane
+    // it lacks.
     let gpu_engine = Engine::builder()
         .device("gpu", Executor::simulated_gpu(1))
         .build()
@@ -155,7 +156,15 @@ fn bad_recordings_are_refused() {
     let gpu = gpu_engine.device("gpu").unwrap();
     let v = gpu_engine.new_var();
     let r = gpu_engine.record(|rec| rec.op().on(gpu).mutates(&[&v]).run(|_| Ok(())));
-    assert!(matches!(r, Err(Error::Graph(_))), "{r:?}");
+    r.unwrap().replay().wait().unwrap();
+    let r = gpu_engine.record(|rec| {
+        rec.op()
+            .on(gpu)
+            .lane(depflow::Lane::Compute(5))
+            .mutates(&[&v])
+            .run(|_| Ok(()))
+    });
+    assert!(matches!(r, Err(Error::Stream(_))), "{r:?}");
     // Another engine's variable.
     let other = Engine::new();
     let w = other.var(0u8);
@@ -315,8 +324,10 @@ fn siblings_made_ready_together_run_on_idle_workers() {
                     .run(move |ctx| {
                         let seen = running.fetch_add(1, Ordering::SeqCst);
                         let deadline = Instant::now() + Duration::from_secs(20);
-                        // The first two of each replay meet; the others pass.
-                        while seen % 8 == 0 && running.load(Ordering::SeqCst) % 8 < 2 {
+                        // The first of each replay waits for a second to
+                        // start; the others pass (they may all end before
+                        // the first looks again).
+                        while seen % 8 == 0 && running.load(Ordering::SeqCst) < seen + 2 {
                             if Instant::now() > deadline {
                                 return Err("no sibling ran alongside".into());
                             }

@@ -4,8 +4,8 @@
 //! pushing the same ops dynamically gives ("a replay behaves exactly as if
 //! its ops had been pushed, in recorded order, at the point of the replay
 //! call"). The generator is this file's own, in the style of
-//! tests/differential.rs (whose units, deletes and stream devices recorded
-//! graphs do not take).
+//! tests/differential.rs (whose deletes and lasting units recorded graphs
+//! do not take).
 //!
 //! A program (per pushing thread) has boundary variables (`Var<u64>`, its
 //! own, plus read-only ones all threads share) and one or two graphs, each
@@ -13,6 +13,10 @@
 //! (`rec.buffer::<u64>(1..64)`) and up to 14 ops over them (a variable may
 //! be declared twice), some of which fail (an error before or after
 //! writing, or a panic) on the iterations a hash of (iteration, op) picks.
+//! Ops run on the default device, a second CPU device or a simulated GPU
+//! (on one of two lanes, enqueuing device work after reading, before
+//! writing; never failing there, see `generate_graph`), and some take 1 or
+//! 2 units of the program's resource of 2 (recorded and pushed alike).
 //! The graphs are recorded once, then the program runs 3 to 6 iterations,
 //! each a replay of one of them or a few pushes on boundary variables (ops,
 //! some failing, `clear_poison`, `wait_for_var`); a graph may be dropped
@@ -55,7 +59,8 @@ use std::sync::{Arc, Mutex, Once};
 
 use common::{Rng, custom_pool, mix, within};
 use depflow::{
-    AnyVar, BoxError, Buffer, Engine, Error, Executor, OpCtx, OpHandle, Order, Replay, Var, Wait,
+    AnyVar, BoxError, Buffer, Engine, Error, Executor, Lane, OpCtx, OpHandle, Order, Replay,
+    Resource, Var, Wait,
 };
 
 /// A variable an op declares.
@@ -99,7 +104,12 @@ struct Op {
     /// them without reading.
     fresh: Vec<usize>,
     fail: Fail,
+    /// 0: the default device; 1: the second CPU device; 2: the simulated
+    /// GPU, on lane `Compute(lane)`.
     device: usize,
+    lane: u8,
+    /// Units of the program's resource (capacity 2) it uses.
+    units: u64,
     priority: i32,
 }
 
@@ -181,7 +191,13 @@ fn generate_graph(
     // The buffers written so far, the last written last.
     let mut written: Vec<usize> = Vec::new();
     let mut ops = Vec::new();
-    let fail = |rng: &mut Rng| match rng.below(16) {
+    // An op on the GPU never fails here: the ops after it on its device go
+    // once its body returned, before its failure is known (it comes
+    // through its fence), so whether their bodies run (and write what
+    // they mutate) is a race, for pushed ops as in a replay. Device
+    // failures in replays are checked in tests/graph_streams.rs.
+    let fail = |rng: &mut Rng, device: usize| match rng.below(16) {
+        _ if device == 2 => Fail::Never,
         0 => Fail::Err(10 + rng.below(40)),
         1 => Fail::Panic(10 + rng.below(40)),
         2 => Fail::WriteThenErr(10 + rng.below(40)),
@@ -232,6 +248,7 @@ fn generate_graph(
                 written.push(b);
             }
         }
+        let device = pick_device(rng);
         ops.push(Op {
             name: format!("t{thread}g{g}o{i}"),
             id: rng.next(),
@@ -239,8 +256,10 @@ fn generate_graph(
             reads,
             mutates,
             fresh,
-            fail: fail(rng),
-            device: usize::from(rng.below(3) == 0),
+            fail: fail(rng, device),
+            device,
+            lane: rng.below(2) as u8,
+            units: pick_units(rng),
             priority: if rng.below(5) == 0 {
                 rng.below(5) as i32 - 2
             } else {
@@ -258,6 +277,8 @@ fn generate_graph(
             fresh: Vec::new(),
             fail: Fail::Never,
             device: 0,
+            lane: 0,
+            units: 0,
             priority: 0,
         });
     }
@@ -267,6 +288,25 @@ fn generate_graph(
         bufs,
         ops,
         drop_early: rng.below(3) == 0,
+    }
+}
+
+/// An op's device: mostly the default one, else the second CPU device or
+/// the simulated GPU.
+fn pick_device(rng: &mut Rng) -> usize {
+    match rng.below(6) {
+        0 | 1 => 1,
+        2 => 2,
+        _ => 0,
+    }
+}
+
+/// Units of the program's resource: mostly none.
+fn pick_units(rng: &mut Rng) -> u64 {
+    match rng.below(8) {
+        0 | 1 => 1,
+        2 => 2,
+        _ => 0,
     }
 }
 
@@ -326,6 +366,7 @@ fn generate(rng: &mut Rng, thread: usize, order: Order) -> Program {
                     };
                     add(&mut reads, s, rng);
                 }
+                let device = pick_device(rng);
                 Step::Op(Op {
                     name: format!("t{thread}d{j}_{s}"),
                     id: rng.next(),
@@ -333,12 +374,15 @@ fn generate(rng: &mut Rng, thread: usize, order: Order) -> Program {
                     reads,
                     mutates,
                     fresh: Vec::new(),
-                    fail: if rng.below(12) == 0 {
+                    // Never on the GPU (see `generate_graph`).
+                    fail: if rng.below(12) == 0 && device != 2 {
                         Fail::Err(100)
                     } else {
                         Fail::Never
                     },
-                    device: usize::from(rng.below(3) == 0),
+                    device,
+                    lane: rng.below(2) as u8,
+                    units: pick_units(rng),
                     priority: 0,
                 })
             })
@@ -363,8 +407,15 @@ impl std::fmt::Display for Program {
             if op.fail != Fail::Never {
                 let _ = write!(s, " {:?}", op.fail);
             }
-            if op.device != 0 {
-                s.push_str(" on d1");
+            match op.device {
+                1 => s.push_str(" on d1"),
+                2 => {
+                    let _ = write!(s, " on gpu lane {}", op.lane);
+                }
+                _ => {}
+            }
+            if op.units != 0 {
+                let _ = write!(s, " uses {}", op.units);
             }
             if op.priority != 0 {
                 let _ = write!(s, " priority {}", op.priority);
@@ -471,6 +522,8 @@ struct Vars<B> {
     shared: Vec<Var<u64>>,
     inters: Vec<Var<u64>>,
     bufs: Vec<B>,
+    /// The program's resource (capacity 2).
+    slots: Resource,
 }
 
 impl<B: AnyVar> Vars<B> {
@@ -482,6 +535,7 @@ impl<B: AnyVar> Vars<B> {
             shared: self.shared.clone(),
             inters,
             bufs,
+            slots: self.slots.clone(),
         }
     }
 
@@ -606,6 +660,10 @@ fn body<S: Store>(
         Fail::Err(_) if fails => return Err("planned failure".into()),
         Fail::Panic(_) if fails => panic!("planned panic"),
         _ => {}
+    }
+    if op.device == 2 {
+        // Device work (after which the writes below are the body's).
+        ctx.stream()?.enqueue(|| Ok(()))?;
     }
     for (k, &s) in op.mutates.iter().enumerate() {
         match s {
@@ -733,9 +791,16 @@ fn push_op<S: Store>(
         .priority(op.priority)
         .reads(&reads)
         .mutates(&mutates);
-    if op.device == 1 {
-        b = b.on(engine.device("d1").unwrap());
+    match op.device {
+        1 => b = b.on(engine.device("d1").unwrap()),
+        2 => {
+            b = b
+                .on(engine.device("gpu").unwrap())
+                .lane(Lane::Compute(op.lane))
+        }
+        _ => {}
     }
+    b = b.uses(&vars.slots, op.units);
     let (o, v, c) = (op.clone(), vars.clone(), checker.clone());
     Pending::Op(
         b.run(move |ctx| body::<S>(ctx, &o, &v, thread, &c))
@@ -801,7 +866,7 @@ fn finish<B>(
 fn run_graph(engine: &Engine, p: &Program, shared: &[Var<u64>], checker: &Arc<Checker>) -> Run {
     let iter = engine.var(0u64);
     let boundary: Vec<Var<u64>> = p.boundary.iter().map(|&x| engine.var(x)).collect();
-    let d1 = engine.device("d1").unwrap();
+    let (d1, gpu) = (engine.device("d1").unwrap(), engine.device("gpu").unwrap());
     // For the pushed ops: no intermediates, no buffers.
     let vars: Arc<Vars<Buffer<u64>>> = Arc::new(Vars {
         iter: iter.clone(),
@@ -809,6 +874,7 @@ fn run_graph(engine: &Engine, p: &Program, shared: &[Var<u64>], checker: &Arc<Ch
         shared: shared.to_vec(),
         inters: Vec::new(),
         bufs: Vec::new(),
+        slots: engine.new_resource("slots", 2),
     });
     let mut graphs = Vec::new();
     for spec in &p.graphs {
@@ -826,9 +892,12 @@ fn run_graph(engine: &Engine, p: &Program, shared: &[Var<u64>], checker: &Arc<Ch
                         .priority(op.priority)
                         .reads(&reads)
                         .mutates(&mutates);
-                    if op.device == 1 {
-                        b = b.on(d1);
+                    match op.device {
+                        1 => b = b.on(d1),
+                        2 => b = b.on(gpu).lane(Lane::Compute(op.lane)),
+                        _ => {}
                     }
+                    b = b.uses(&local.slots, op.units);
                     let (o, v, c, t) = (op.clone(), local.clone(), checker.clone(), p.thread);
                     b.run(move |ctx| body::<Planned>(ctx, &o, &v, t, &c))?;
                 }
@@ -884,6 +953,7 @@ fn run_reference(engine: &Engine, p: &Program, shared: &[Var<u64>], checker: &Ar
         shared: shared.to_vec(),
         inters: Vec::new(),
         bufs: Vec::new(),
+        slots: engine.new_resource("slots", 2),
     });
     let graphs: Vec<Arc<Vars<Var<Vec<u64>>>>> = p
         .graphs
@@ -999,6 +1069,7 @@ fn engines() -> Vec<(&'static str, Engine)> {
         Engine::builder()
             .executor(default)
             .device("d1", d1)
+            .device("gpu", Executor::simulated_gpu(2))
             .build()
             .unwrap()
     };
@@ -1048,6 +1119,7 @@ fn reference() -> Engine {
     Engine::builder()
         .threads(2)
         .device("d1", Executor::pool(1))
+        .device("gpu", Executor::simulated_gpu(2))
         .build()
         .unwrap()
 }

@@ -1,5 +1,6 @@
 //! Loom models of a replay's countdowns (`src/core/replay.rs`): the ops of
-//! a recorded graph's replay, on model threads.
+//! a recorded graph's replay, on model threads (a stream op's two halves
+//! included, as `src/graph/run_slow.rs` drives them).
 //!
 //! Each op writes its own loom cell and reads its predecessors': loom
 //! checks that what an op ran after is ordered before it. A `frame` cell
@@ -14,7 +15,10 @@ use std::future::poll_fn;
 use depflow::__loom::{Countdowns, Left, Satisfied};
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicUsize, Ordering::AcqRel};
+use loom::sync::atomic::{
+    AtomicUsize,
+    Ordering::{AcqRel, Relaxed},
+};
 use loom::thread;
 
 /// Per-op cells and the frame, shared by the model's threads.
@@ -187,6 +191,47 @@ fn kept_successors_run_on_the_thread_that_made_them_ready() {
         for op in 0..5 {
             assert_eq!(replay.runs[op].load(AcqRel), 1, "op {op} once");
         }
+    });
+}
+
+/// A stream op in a replay (`src/graph/run_slow.rs`): op 0 enqueues its
+/// work on the launcher and makes its successor on the same device (op 1)
+/// ready at once; the poller completes its fence later, on a thread of its
+/// own, and only then does op 0 count itself out (its other successors,
+/// none here, go then too). Op 1's end and the completion race for the
+/// replay's last count: loom checks that nothing is touched after the
+/// replay's end (the fence completing while the countdowns are read), and
+/// that the replay ends after op 0's device work (it fails if op 0 counts
+/// itself out at its enqueue).
+#[test]
+fn a_stream_op_completes_while_its_device_successor_runs() {
+    loom::model(|| {
+        let replay = Replay::new(2);
+        assert!(replay.countdowns.arm(&[0, 1]));
+        // Op 0's device work: done before its fence completes.
+        let device_work = Arc::new(AtomicUsize::new(0));
+        let launcher = {
+            let (replay, device_work) = (replay.clone(), device_work.clone());
+            thread::spawn(move || {
+                // Enqueue: the body, then the same-device successor.
+                replay.run(0, &[], 0);
+                assert_eq!(replay.countdowns.satisfy(1), Satisfied::Ready);
+                let device_successor = {
+                    let replay = replay.clone();
+                    thread::spawn(move || {
+                        replay.run(1, &[0], 0);
+                        let _ = replay.countdowns.op_done();
+                    })
+                };
+                // The fence, handed to the poller: its completion.
+                device_work.store(1, Relaxed);
+                let _ = replay.countdowns.op_done();
+                device_successor.join().unwrap();
+            })
+        };
+        replay.await_end(1);
+        assert_eq!(device_work.load(Relaxed), 1, "over before the device work");
+        launcher.join().unwrap();
     });
 }
 

@@ -39,6 +39,8 @@ mod own;
 mod poison;
 pub(crate) mod reclaim;
 mod resident;
+mod resident_stream;
+mod resident_units;
 mod spawn;
 mod stream_op;
 mod task;
@@ -62,7 +64,11 @@ pub(crate) use self::own::{deletion, mark_deleted, unpoisoning, var_wait};
 pub(crate) use self::resident::{
     Driver, Ran, RecordedBody, Resident, clear_graph_poison, run_recorded,
 };
+pub(crate) use self::resident_stream::{
+    Enqueue, StreamSlot, clear_graph_fences, complete_recorded, enqueue_recorded, run_settled,
+};
+pub(crate) use self::resident_units::{give_back_units, set_tickets};
 pub(crate) use self::spawn::{OpTask, spawn};
 pub(crate) use self::task::PushedOp;
-pub(crate) use self::units::OpUnits;
+pub(crate) use self::units::{DrawTickets, OpUnits};
 pub use self::var::{AnyVar, Var, VarKey};

@@ -171,6 +171,11 @@ impl Resident {
         self.waker.wake_by_ref();
         SHARING.set(false);
     }
+
+    /// The task's waker: what device work and fences wake it with.
+    pub(crate) fn waker(&self) -> &Waker {
+        &self.waker
+    }
 }
 
 thread_local! {
@@ -203,6 +208,10 @@ fn schedule_resident<H: Host>(runner: Runner) {
     // SAFETY: a resident task is woken only while its host is alive (see
     // `Resident::spawn`), and `spawn::<H, _>` set this block's host.
     let host: *const H = unsafe { host::<H>(runner.metadata()) };
+    if super::resident_units::must_ask(runner.metadata()) {
+        // SAFETY: as above.
+        return super::resident_units::ask(runner, unsafe { &*host });
+    }
     // Shared work goes where other workers take it: as a pool takes an op
     // that woke itself (`yielded`).
     let shared = SHARING.get();

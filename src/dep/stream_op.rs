@@ -44,7 +44,11 @@ impl OpBlock {
     /// fences on the op's variables, and returns the writes' among them not done yet
     /// (the new fence's parents: their failure is the op's). A read's fence
     /// only orders: a failed read does not poison what it read.
-    fn wait_on_device(&self, device: &StreamDevice, lane: u8) -> Result<Vec<Arc<Fence>>, String> {
+    pub(super) fn wait_on_device(
+        &self,
+        device: &StreamDevice,
+        lane: u8,
+    ) -> Result<Vec<Arc<Fence>>, String> {
         let mut parents: Vec<Arc<Fence>> = Vec::new();
         let mut failed = None;
         for e in self.edges() {
@@ -74,7 +78,7 @@ impl OpBlock {
 
     /// Publishes the op's fence in its variables: a write's replaces what
     /// the variable waited for, a read's joins the reads.
-    fn publish(&self, fence: &Arc<Fence>) {
+    pub(super) fn publish(&self, fence: &Arc<Fence>) {
         for e in self.edges() {
             if e.is_write() {
                 e.var.fences().set_write(fence.clone());

@@ -15,11 +15,14 @@
 //! | `demands` (tickets) | the pusher, under the push lock | the broker |
 //! | `held`, `skipped`, `failed` | the op's lifecycle, in order (`Relaxed`: each hand-off between threads orders them) | the same |
 //! | `deferred` (units to give back, and to take back on failure) | a stream op's enqueue half, then its completion | the same |
+//! | `held`, `skipped`, `failed` of a recorded op (`resident_units`) | as above, within one replay; `reset` at its end | the same |
+//! | `also` | the replay's pusher, before push | the pusher, under the push lock |
 
 // `unsafe`: handing units on to outputs under the op's write grants; each block says why it is
 // sound.
 #![allow(unsafe_code)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::core::few::Few;
@@ -57,6 +60,18 @@ pub(crate) struct OpUnits {
     /// work is done (its outputs took theirs when the work was enqueued),
     /// and those the outputs took, to take back if that work fails.
     deferred: Mutex<Deferred>,
+    /// More tickets to draw with the op's own (a replay's op draws its
+    /// recorded ops' here: see `crate::graph::run`).
+    also: Option<Arc<dyn DrawTickets>>,
+}
+
+/// Tickets drawn in the same critical section as an op's own (under the
+/// push lock, see [`OpUnits::draw_tickets`]): a replay's op draws those of
+/// the recorded ops it runs, so they take their places in push order at
+/// the replay's push.
+pub(crate) trait DrawTickets: Send + Sync {
+    /// Draws the tickets (called once, under the push lock).
+    fn draw(&self);
 }
 
 /// What a stream op keeps aside from enqueuing its work to completing.
@@ -78,6 +93,7 @@ impl Default for OpUnits {
             skipped: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             deferred: Mutex::new(Deferred::default()),
+            also: None,
         }
     }
 }
@@ -159,6 +175,26 @@ impl OpUnits {
         for (d, r) in self.demands.iter().zip(&self.resources) {
             d.ticket.store(r.draw_ticket(), Relaxed);
         }
+        if let Some(also) = &self.also {
+            also.draw();
+        }
+    }
+
+    /// Units of no resource that draw `also`'s tickets at the op's push
+    /// (a replay's op: its recorded ops' places in push order).
+    pub(crate) fn drawing(also: Arc<dyn DrawTickets>) -> Box<Self> {
+        Box::new(Self {
+            also: Some(also),
+            ..Self::default()
+        })
+    }
+
+    /// A recorded op's units after its run in one replay: ready for the
+    /// next (nothing held, skipped or failed).
+    pub(super) fn reset(&self) {
+        self.held.store(false, Relaxed);
+        self.skipped.store(false, Relaxed);
+        self.failed.store(false, Relaxed);
     }
 
     #[inline]

@@ -13,14 +13,16 @@ use super::handle::OpHandle;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
-    AnyVar, Buffer, Device, Element, Mode, OpCtx, OpSpec, Var, distinct_edges, in_op,
-    recorded_edges,
+    AnyVar, Buffer, Device, Element, Host, Mode, OpCtx, OpSpec, OpUnits, Var, distinct_edges,
+    in_op, recorded_edges,
 };
+use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
 use crate::graph::analysis::{Analysed, Recording, analyse};
 use crate::graph::dot::{DotOp, to_dot};
 use crate::graph::run::ReplayBody;
 use crate::graph::{GraphEdge, GraphOp, MemoryPlan, Order};
+use crate::resource::Resource;
 
 /// Graph ids, which their intermediates carry (0: none).
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
@@ -172,6 +174,9 @@ impl<'e> Recorder<'e> {
             name: None,
             priority: 0,
             device: None,
+            lane: None,
+            units: None,
+            invalid: None,
         }
     }
 
@@ -220,6 +225,10 @@ pub struct RecordOp<'r, 'e> {
     name: Option<Cow<'static, str>>,
     priority: i32,
     device: Option<Device>,
+    lane: Option<Lane>,
+    units: Option<Box<OpUnits>>,
+    /// The first declaration `run` refuses.
+    invalid: Option<Error>,
 }
 
 impl std::fmt::Debug for RecordOp<'_, '_> {
@@ -228,6 +237,7 @@ impl std::fmt::Debug for RecordOp<'_, '_> {
             .field("name", &self.name)
             .field("priority", &self.priority)
             .field("device", &self.device)
+            .field("lane", &self.lane)
             .finish_non_exhaustive()
     }
 }
@@ -257,10 +267,98 @@ impl<'r> RecordOp<'r, '_> {
         self
     }
 
-    /// The device to run on (default: the engine's default device). A
-    /// stream device cannot be recorded yet.
+    /// The device to run on (default: the engine's default device). On a
+    /// stream device the body enqueues work on its lane's stream
+    /// ([`OpCtx::stream`]), as a pushed op's does: in a replay, the op's
+    /// successors on the same lane go once its work is enqueued, the others
+    /// once it is done, and the replay ends once all its ops' device work
+    /// is done.
     pub fn on(mut self, device: Device) -> Self {
         self.device = Some(device);
+        self
+    }
+
+    /// The lane of a stream device the op's work goes to (default
+    /// [`Lane::Compute`]); see [`OpBuilder::lane`](crate::OpBuilder::lane).
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor, Lane};
+    ///
+    /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(2)).build()?;
+    /// let gpu = engine.device("gpu").unwrap();
+    /// let v = engine.var(0u32);
+    /// let graph = engine.record(|rec| {
+    ///     rec.op().on(gpu).lane(Lane::HostToDevice).mutates(&[&v]).run({
+    ///         let v = v.key();
+    ///         move |ctx| {
+    ///             *ctx.write(v)? += 1; // on the host, in the body
+    ///             Ok(ctx.stream()?.enqueue(|| Ok(()))?) // device work
+    ///         }
+    ///     })
+    /// })?;
+    /// graph.replay().wait()?; // over once the device work is done
+    /// assert_eq!(engine.get(&v).wait()?, 1);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn lane(mut self, lane: Lane) -> Self {
+        self.lane = Some(lane);
+        self
+    }
+
+    /// Units of `resource` the op needs while it runs (on a stream device:
+    /// until its device work is done), as
+    /// [`OpBuilder::uses`](crate::OpBuilder::uses): in each replay the op
+    /// starts only once they are free (waiting without holding a thread),
+    /// in the order the replay's ops would get them had they been pushed
+    /// at the replay call, and gives them back when it ends.
+    ///
+    /// ```
+    /// use depflow::Engine;
+    ///
+    /// let engine = Engine::new();
+    /// let slots = engine.new_resource("slots", 1);
+    /// let (a, b) = (engine.var(0u32), engine.var(0u32));
+    /// let graph = engine.record(|rec| {
+    ///     // Independent ops, but one slot: they never overlap.
+    ///     rec.op().mutates(&[&a]).uses(&slots, 1).run({
+    ///         let a = a.key();
+    ///         move |ctx| { *ctx.write(a)? += 1; Ok(()) }
+    ///     })?;
+    ///     rec.op().mutates(&[&b]).uses(&slots, 1).run({
+    ///         let b = b.key();
+    ///         move |ctx| { *ctx.write(b)? += 1; Ok(()) }
+    ///     })
+    /// })?;
+    /// graph.replay().wait()?;
+    /// assert_eq!(slots.in_use(), 0);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
+        let shared = self.recorder.engine.shared();
+        if resource.engine() != shared.id {
+            self.invalid
+                .get_or_insert(Error::ForeignResource(resource.name().to_string()));
+        } else if units > 0 {
+            self.units
+                .get_or_insert_with(Box::default)
+                .add(resource, units, None);
+        }
+        self
+    }
+
+    /// Refused: a recorded op cannot hand lasting units on to an output
+    /// (`run` reports [`Error::Graph`]). A graph's memory is its planned
+    /// buffers ([`Recorder::buffer`]), taken once and shared by plan; use
+    /// [`uses`](Self::uses) for units held while the op runs, or push the
+    /// allocating op.
+    pub fn allocates(mut self, resource: &Resource, units: u64, output: &dyn AnyVar) -> Self {
+        let _ = (units, output);
+        self.invalid.get_or_insert(Error::Graph(format!(
+            "a recorded op cannot allocate lasting units of `{}`: a graph's memory is its \
+             planned buffers (Recorder::buffer); use `uses` for units held while the op runs, \
+             or push the allocating op",
+            resource.name()
+        )));
         self
     }
 
@@ -270,7 +368,10 @@ impl<'r> RecordOp<'r, '_> {
     ///
     /// As for [`Engine::push`]; [`Error::GraphOwned`] for another graph's
     /// intermediate; [`Error::Config`] for another engine's device;
-    /// [`Error::Graph`] for a stream device.
+    /// [`Error::Stream`] for a lane the device lacks, or a lane given for
+    /// a host device; [`Error::OverCapacity`] and
+    /// [`Error::ForeignResource`] as for [`OpBuilder::uses`](crate::OpBuilder::uses);
+    /// [`Error::Graph`] for [`allocates`](Self::allocates).
     pub fn run<F>(self, f: F) -> Result<(), Error>
     where
         F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
@@ -282,14 +383,33 @@ impl<'r> RecordOp<'r, '_> {
             Some(d) if d.engine == shared.id => d.index,
             Some(_) => return Err(Error::Config("the device belongs to another engine".into())),
         };
-        if shared.devices[usize::from(device)]
-            .exec
-            .stream_device()
-            .is_some()
-        {
-            return Err(Error::Graph(
-                "ops on stream devices cannot be recorded yet: push them".into(),
-            ));
+        if let Some(e) = self.invalid {
+            return Err(e);
+        }
+        let lane = match shared.stream_device(device) {
+            None => match self.lane {
+                Some(lane) => {
+                    return Err(Error::Stream(format!(
+                        "{lane:?} given for an op on a device without streams"
+                    )));
+                }
+                None => None,
+            },
+            Some(stream_device) => {
+                let lane = self.lane.unwrap_or_default();
+                Some(
+                    stream_device
+                        .lane(lane)
+                        .ok_or_else(|| Error::Stream(format!("the device has no lane {lane:?}")))?,
+                )
+            }
+        };
+        if let Some((resource, requested)) = self.units.as_ref().and_then(|u| u.over_capacity()) {
+            return Err(Error::OverCapacity {
+                resource: resource.name().to_string(),
+                requested,
+                capacity: resource.capacity(),
+            });
         }
         let edges = recorded_edges(
             &self.reads,
@@ -299,10 +419,10 @@ impl<'r> RecordOp<'r, '_> {
         )?;
         let spec = OpSpec {
             edges,
-            units: None,
+            units: self.units,
             name: self.name,
             device_index: device,
-            lane: None,
+            lane,
             priority: self.priority,
             mode: Mode::Normal,
             generation: 0,
@@ -370,6 +490,12 @@ impl Graph {
     }
 
     fn push_replay(&self) -> Result<OpHandle<Option<Error>>, Error> {
+        let (engine, spec, body) = self.replay_op()?;
+        engine.push_spec(spec, body)
+    }
+
+    /// The replay's op, declared (its variables checked), not pushed.
+    fn replay_op(&self) -> Result<(Engine, OpSpec, ReplayBody<Shared>), Error> {
         let inner = &*self.inner;
         let handle = inner.engine.upgrade().ok_or(Error::ShutDown)?;
         let engine = Engine { handle };
@@ -380,7 +506,9 @@ impl Graph {
             Some(name) => Cow::Owned(format!("replay {name}")),
             None => Cow::Borrowed("replay"),
         });
-        engine.push_spec(spec, ReplayBody::new(a.runtime.clone()))
+        let body = ReplayBody::new(a.runtime.clone());
+        spec.units = body.units();
+        Ok((engine, spec, body))
     }
 
     /// The recorded ops, in recorded order.
@@ -483,6 +611,47 @@ impl Future for Replay {
         match &mut self.handle {
             Ok(handle) => Pin::new(handle).poll(cx).map(flatten),
             Err(e) => Poll::Ready(Err(e.clone())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replay declared just before another thread's delete of one of its
+    /// variables is pushed behind the delete, and never runs: the tickets
+    /// its push drew for its recorded ops are given up (else an allocating
+    /// op pushed later would wait for them for ever).
+    #[test]
+    fn a_replay_that_never_runs_gives_its_tickets_up() {
+        let engine = Engine::builder().threads(1).build().unwrap();
+        let slot = engine.new_resource("slot", 1);
+        let v = engine.var(0u32);
+        let graph = engine
+            .record(|rec| rec.op().mutates(&[&v]).uses(&slot, 1).run(|_| Ok(())))
+            .unwrap();
+        let (replaying, spec, body) = graph.replay_op().unwrap();
+        engine.delete_var(&v, drop).unwrap();
+        let replay = Replay {
+            handle: replaying.push_spec(spec, body),
+        };
+        assert!(matches!(replay.wait(), Err(Error::Deleted(_))));
+        let out = engine.new_var();
+        let (tx, rx) = std::sync::mpsc::channel();
+        engine
+            .op()
+            .mutates(&[&out])
+            .allocates(&slot, 1, &out)
+            .run(move |_| {
+                tx.send(()).unwrap();
+                Ok(())
+            })
+            .unwrap();
+        if rx.recv_timeout(std::time::Duration::from_secs(30)).is_err() {
+            // Dropping the engine would wait for the stuck op.
+            std::mem::forget(engine);
+            panic!("the allocating op waits for the dead replay's tickets");
         }
     }
 }

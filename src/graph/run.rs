@@ -23,19 +23,28 @@
 //!    queue, the task's run) only to hand it to another worker.
 //! 4. The op that ends last wakes the replay's op, which resolves to the
 //!    replay's first failure and releases the boundary variables.
+//!
+//! Ops on stream devices and ops with units are *slow steps* (`run_slow`):
+//! always woken, never run inline; a stream op counts itself out only once
+//! its device work is done.
 
 // `unsafe`: spawning the resident tasks, whose contract the runtime keeps;
 // the block says why it is sound.
 #![allow(unsafe_code)]
+
+#[path = "run_slow.rs"]
+mod slow;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
+use self::slow::{Kind, ReplayTickets, Slow, UnitsPlan};
 use crate::core::replay::{Countdowns, Left, Satisfied};
 use crate::dep::{
-    Body, Driver, Env, Host, OpBlock, OpSpec, Ran, RecordedBody, Resident, run_recorded,
+    Body, Driver, Env, Host, OpBlock, OpSpec, OpUnits, Ran, RecordedBody, Resident, run_recorded,
+    run_settled,
 };
 use crate::error::{BoxError, Error};
 use crate::loom::sync::Mutex;
@@ -44,8 +53,11 @@ use crate::loom::sync::Mutex;
 pub(crate) struct Step {
     pub(crate) resident: Resident,
     pub(crate) body: RecordedBody,
+    /// The device it runs inline on (`slow::NO_INLINE` for a slow step).
     pub(crate) device: u16,
     pub(crate) priority: i32,
+    kind: Kind,
+    slow: Option<Box<Slow>>,
 }
 
 /// How many ready ops one thread keeps to run itself (a power of two).
@@ -111,7 +123,9 @@ pub(crate) struct Schedule {
 ///
 /// | field | written by | read by |
 /// | --- | --- | --- |
-/// | `steps` (resident tasks, bodies), `schedule`, `host`, `graph` | the recording's end | replays |
+/// | `steps` (resident tasks, bodies, kinds), `schedule`, `host`, `graph`, `units` | the recording's end | replays |
+/// | a slow step's `StreamSlot` | see `dep::resident_stream` | |
+/// | the recorded ops' tickets | the replay's op as it arms (`slow`) | the broker |
 /// | `countdowns` | see `core::replay` | |
 /// | `failure`, `failed` | the replay's ops, as they fail; the replay's op (taking it, at its end; clearing `failed` when it arms) | the same |
 pub(crate) struct Runtime<H: Host> {
@@ -126,6 +140,8 @@ pub(crate) struct Runtime<H: Host> {
     /// The id of the graph, which its intermediates carry.
     graph: u64,
     host: Arc<H>,
+    /// The units its ops take, if any (see `slow`).
+    units: Option<Arc<UnitsPlan>>,
 }
 
 impl<H: Host> std::fmt::Debug for Runtime<H> {
@@ -146,20 +162,28 @@ impl<H: Host> Runtime<H> {
         ops: Vec<(OpSpec, RecordedBody)>,
     ) -> Arc<Self> {
         let n = ops.len();
+        let units = UnitsPlan::new(ops.iter().map(|(spec, _)| spec));
         Arc::new_cyclic(|me| {
             let driver: *const Self = me.as_ptr();
             let steps = ops
                 .into_iter()
                 .enumerate()
-                .map(|(i, (spec, body))| Step {
-                    device: spec.device_index,
-                    priority: spec.priority,
-                    // SAFETY: a resident task is woken only by this runtime
-                    // (`run_from`, `ReplayBody`) while a replay is in
-                    // flight, and the replay's op holds the runtime (the
-                    // driver, at `driver` once built) and with it the host.
-                    resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
-                    body,
+                .map(|(i, (spec, body))| {
+                    let (kind, device, slow) = slow::kind_of(&spec, &*host);
+                    Step {
+                        device,
+                        priority: spec.priority,
+                        kind,
+                        slow,
+                        // SAFETY: a resident task is woken only by this runtime
+                        // (`run_from`, `ReplayBody`, `slow`), or for it (the
+                        // broker, fences, the poller) while a replay is in
+                        // flight and waits for the op, and the replay's op
+                        // holds the runtime (the driver, at `driver` once
+                        // built) and with it the host.
+                        resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
+                        body,
+                    }
                 })
                 .collect();
             Self {
@@ -170,6 +194,7 @@ impl<H: Host> Runtime<H> {
                 failed: AtomicBool::new(false),
                 graph,
                 host,
+                units,
             }
         })
     }
@@ -194,6 +219,7 @@ impl<H: Host> Runtime<H> {
         if self.failed.swap(false, Ordering::Relaxed) {
             for step in self.steps.iter() {
                 crate::dep::clear_graph_poison(step.resident.block(), self.graph);
+                crate::dep::clear_graph_fences(step.resident.block(), self.graph);
             }
         }
         self.countdowns.arm(&self.schedule.preds)
@@ -249,7 +275,12 @@ impl<H: Host> Runtime<H> {
         let device = self.steps[op as usize].device;
         loop {
             let step = &self.steps[op as usize];
-            match run_recorded(&step.resident, &step.body, &*self.host) {
+            let ran = match step.kind {
+                Kind::Host => run_recorded(&step.resident, &step.body, &*self.host),
+                Kind::Settled => run_settled(&step.resident, &step.body, &*self.host),
+                Kind::Units | Kind::Stream => return self.run_slow(op),
+            };
+            match ran {
                 Ran::Succeeded => {}
                 Ran::Failed(f) => self.fail(Error::Failed(f)),
                 Ran::Skipped(f) => self.fail(Error::Poisoned(f)),
@@ -292,14 +323,40 @@ impl<H: Host> Driver for Runtime<H> {
 pub(crate) struct ReplayBody<H: Host> {
     runtime: Option<Arc<Runtime<H>>>,
     armed: bool,
+    /// The recorded ops' tickets, if they take units.
+    tickets: Option<Arc<ReplayTickets>>,
 }
 
 impl<H: Host> ReplayBody<H> {
     pub(crate) fn new(runtime: Arc<Runtime<H>>) -> Self {
+        let tickets = runtime.units.clone().map(ReplayTickets::new);
         Self {
             runtime: Some(runtime),
             armed: false,
+            tickets,
         }
+    }
+
+    /// The units of the replay's op: none, but its push draws its recorded
+    /// ops' tickets (None if they take no units).
+    pub(crate) fn units(&self) -> Option<Box<OpUnits>> {
+        let tickets = self.tickets.clone()?;
+        Some(OpUnits::drawing(tickets))
+    }
+
+    /// Gives up the tickets of a replay that never armed.
+    fn give_up_tickets(&mut self) {
+        if let (Some(runtime), Some(tickets)) = (&self.runtime, self.tickets.take())
+            && !self.armed
+        {
+            runtime.give_up_tickets(&tickets);
+        }
+    }
+}
+
+impl<H: Host> Drop for ReplayBody<H> {
+    fn drop(&mut self) {
+        self.give_up_tickets();
     }
 }
 
@@ -319,6 +376,9 @@ impl<H: Host> Body for ReplayBody<H> {
         let runtime = this.runtime.as_ref().expect("replay polled after it ended");
         if !this.armed {
             this.armed = true;
+            if let Some(tickets) = &this.tickets {
+                runtime.set_tickets(tickets);
+            }
             if runtime.arm() {
                 // Wake the first ops, keeping those on this device that
                 // fit to run here.
@@ -340,6 +400,8 @@ impl<H: Host> Body for ReplayBody<H> {
     }
 
     fn discard(self: Pin<&mut Self>) {
-        self.get_mut().runtime = None;
+        let this = self.get_mut();
+        this.give_up_tickets();
+        this.runtime = None;
     }
 }

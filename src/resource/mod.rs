@@ -195,6 +195,12 @@ impl Resource {
         self.inner.next_ticket.fetch_add(1, Relaxed)
     }
 
+    /// `n` consecutive places in push order (a replay's recorded ops'),
+    /// the first returned; called under the engine's push lock.
+    pub(crate) fn draw_tickets(&self, n: u64) -> u64 {
+        self.inner.next_ticket.fetch_add(n, Relaxed)
+    }
+
     /// Gives `amount` units back (a variable that held them is gone) and
     /// starts the ops that now fit.
     pub(crate) fn give_back(&self, amount: u64) {
