@@ -270,9 +270,9 @@ impl<'r> RecordOp<'r, '_> {
     /// The device to run on (default: the engine's default device). On a
     /// stream device the body enqueues work on its lane's stream
     /// ([`OpCtx::stream`]), as a pushed op's does: in a replay, the op's
-    /// successors on the same lane go once its work is enqueued, the others
-    /// once it is done, and the replay ends once all its ops' device work
-    /// is done.
+    /// successors on the same device go once its work is enqueued (the
+    /// device orders lanes with stream waits), the others once it is done,
+    /// and the replay ends once all its ops' device work is done.
     pub fn on(mut self, device: Device) -> Self {
         self.device = Some(device);
         self
