@@ -94,6 +94,8 @@ mod allreduce;
 mod bucket;
 mod group;
 mod overlap;
+#[cfg(feature = "mpi")]
+mod ranks;
 mod ring;
 mod split;
 mod step;

@@ -54,9 +54,10 @@ impl<'g> DeviceStep<'g> {
         self.slot.rows
     }
 
-    /// The rows of the whole batch (over all devices).
+    /// The rows of the whole batch (over all devices, of every rank for
+    /// a group [across ranks](super::GroupBuilder::across_ranks)).
     pub fn batch_rows(&self) -> usize {
-        self.slot.rows * self.group.members.len()
+        self.slot.rows * self.group.members.len() * self.group.rank_count
     }
 
     /// This device's replica of `p`.
