@@ -51,10 +51,7 @@ pub(super) fn check_layout(
     if let Some(r) = (1..ranks.size()).find(|&r| all[r * 3..][..3] != *first) {
         let other = &all[r * 3..][..3];
         let what = if other[0] != first[0] {
-            format!(
-                "{} local device(s), rank 0 {}",
-                other[0], first[0]
-            )
+            format!("{} local device(s), rank 0 {}", other[0], first[0])
         } else {
             format!(
                 "{} bucket(s) of other lengths than rank 0's {} (different parameters or bucket sizes)",
