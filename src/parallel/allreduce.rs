@@ -11,8 +11,8 @@
 //!    1)` ops);
 //! 3. per device, an *unpack* op: writes the sum back into its segments.
 //!
-//! **Across ranks** (the `mpi` feature, [`AllReduce::across_ranks`]): the
-//! same buffer on every rank of a [`Communicator`](crate::Communicator),
+//! **Across ranks** (the `mpi` feature, `AllReduce::across_ranks`): the
+//! same buffer on every rank of a `Communicator`,
 //! summed over every rank's devices. Between the ring's reduce-scatter and
 //! its all-gather, each finished chunk (the local sum of chunk `c`, on the
 //! device that owns it) is summed across ranks by one MPI all-reduce,

@@ -55,7 +55,7 @@ impl<'g> DeviceStep<'g> {
     }
 
     /// The rows of the whole batch (over all devices, of every rank for
-    /// a group [across ranks](super::GroupBuilder::across_ranks)).
+    /// a group across ranks: `GroupBuilder::across_ranks`).
     pub fn batch_rows(&self) -> usize {
         self.slot.rows * self.group.members.len() * self.group.rank_count
     }
