@@ -22,7 +22,7 @@
 //! Element `i` of chunk `c` is so `Σ_r s_r[i]`, where `s_r` is rank `r`'s
 //! local sum in [`serial_sum`](super::serial_sum)'s order (the fold from
 //! device `c` around the ring) and `Σ_r` is MPI's `MPI_SUM` across ranks:
-//! the same value on every rank (MPI computes one reduction and delivers it;
+//! the same value on every rank (the MPI standard advises implementations so;
 //! with two ranks it is one commutative addition, so its order cannot
 //! matter). That differs from a one-rank ring over all the devices (whose
 //! fold runs over every device in one chain), so the two agree bit for
@@ -125,7 +125,15 @@ impl AllReduce {
     /// `devices` and across the ranks of `ranks` (the `mpi` feature): the
     /// local ring's reduce-scatter, one MPI all-reduce per chunk (pushed as
     /// a [`Communicator`] collective, in chunk order), the ring's
-    /// all-gather (see the [module docs](self) for the order of the sum).
+    /// all-gather. With one local device the packed buffer is one chunk.
+    ///
+    /// The order of the sum: element `i` of chunk `c` is `Σ_r s_r[i]`,
+    /// each rank's local sum `s_r` in [`serial_sum`](super::serial_sum)'s
+    /// order, added across ranks by `MPI_SUM` (the MPI standard advises
+    /// implementations to give every rank the same result; with two ranks
+    /// it is one commutative addition, which cannot differ): the same bits
+    /// on every rank. A one-rank ring over all the devices folds in another
+    /// order, so the two agree bit for bit only where the sums are exact.
     /// Every rank must build its all-reduces with the same device count
     /// and lengths and push them in the same order (MPI's rule for
     /// collectives); [`Group`](super::Group) checks the layout at its
