@@ -60,7 +60,7 @@ pub(super) fn check_layout(
         };
         return Err(Error::Parallel(format!(
             "the group's layout differs across ranks: rank {r} has {what}; every rank needs \
-             the same devices count and parameters"
+             the same device count and parameters"
         )));
     }
     Ok(())

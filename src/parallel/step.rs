@@ -123,7 +123,9 @@ impl Group {
     ///
     /// # Errors
     ///
-    /// [`Error::Parallel`] if no batch is loaded (for a group with inputs);
+    /// [`Error::Parallel`] if no batch is loaded (for a group with inputs),
+    /// or, at the first step of a group across ranks, if the ranks' device
+    /// counts or buckets differ (on every rank alike);
     /// the first error `f` returns (the step stops there: what was pushed
     /// runs, the reductions of that step are not pushed); errors pushing ops.
     pub fn step<F>(&mut self, mut f: F) -> Result<(), Error>

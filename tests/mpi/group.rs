@@ -14,8 +14,9 @@
 //!   be equal;
 //! - with dyadic data (exact sums) the gradient sum equals the 1-rank
 //!   run's bit for bit;
-//! - a rank with another device count fails the first step, on every rank
-//!   alike; `Update::Host` across ranks is refused at build.
+//! - a rank with another device count, or parameters of other lengths,
+//!   fails the first step, on every rank alike; `Update::Host` across ranks
+//!   is refused at build.
 
 use depflow::parallel::{Group, Update, serial_sum};
 use depflow::{Communicator, Engine, Error, Executor};
@@ -209,6 +210,19 @@ pub fn checks(world: &mpi::topology::SimpleCommunicator) {
             Err(Error::Parallel(m)) => {
                 assert!(m.contains("rank 1 has 1 local device(s), rank 0 2"), "{m}")
             }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    // Parameters of other lengths on rank 1: the first step fails too.
+    if size == 2 {
+        let mut group = Group::builder(&engine)
+            .device(engine.device("d0").unwrap())
+            .across_ranks(&comm)
+            .build()
+            .unwrap();
+        group.param(&vec![0.0; WIDTH + rank]).unwrap();
+        match group.step(|_| Ok(())) {
+            Err(Error::Parallel(m)) => assert!(m.contains("of other lengths"), "{m}"),
             other => panic!("rank {rank}: {other:?}"),
         }
     }
