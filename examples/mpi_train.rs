@@ -104,7 +104,7 @@ fn train(
     let comm = Communicator::new(&engine, world)?;
     let (rank, size) = (comm.rank(), comm.size());
     if BATCH % (size * devices) != 0 {
-        return Err(Error::Config(format!(
+        return Err(Error::Parallel(format!(
             "the batch of {BATCH} does not split over {size} rank(s) x {devices} device(s)"
         )));
     }
