@@ -4,10 +4,17 @@
 //! `cargo test --features mpi --test mpi` runs it as one rank (MPI's
 //! singleton) and, where `mpirun` is on the PATH, first runs itself under
 //! `mpirun -np 2` and checks that both ranks passed and printed the same
-//! digest of their results as the 1-rank run on the same global data.
+//! digest of their results as the 1-rank run on the same global data. The
+//! data-parallel group across ranks (`mpi/group.rs`, 2 local devices per
+//! rank) is checked the same way: both ranks' weights identical and equal
+//! to the serial reference in the group's order of summation, which the
+//! 1-rank process computes too.
 //! Without `mpirun` it says so and runs the 1-rank checks only. Under
 //! `mpirun` directly (`mpirun -np 2 target/debug/deps/mpi-*`) it runs the
 //! checks on every rank.
+
+#[path = "mpi/group.rs"]
+mod group;
 
 use std::process::Command;
 use std::sync::mpsc;
@@ -46,6 +53,15 @@ fn digest(values: &[f64]) -> u64 {
             .iter()
             .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
     })
+}
+
+/// FNV-1a over `f32` values' bits.
+fn digest32(values: &[f32]) -> u64 {
+    let wide: Vec<f64> = values
+        .iter()
+        .map(|&v| f64::from_bits(u64::from(v.to_bits())))
+        .collect();
+    digest(&wide)
 }
 
 /// Every rank's value of `x`, through an all-gather.
@@ -265,7 +281,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
 }
 
 /// Runs this binary under `mpirun -np 2`; returns the digests its ranks
-/// printed, or `None` without `mpirun`.
+/// printed (`digest:` and `group digest:` lines), or `None` without `mpirun`.
 fn two_ranks() -> Option<Vec<String>> {
     let version = Command::new("mpirun").arg("--version").output();
     let Ok(version) = version else {
@@ -288,10 +304,11 @@ fn two_ranks() -> Option<Vec<String>> {
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "mpirun -np 2 failed: {}", out.status);
     assert_eq!(stdout.matches("all MPI checks passed").count(), 2);
+    assert_eq!(stdout.matches("group checks passed").count(), 2);
     Some(
         stdout
             .lines()
-            .filter(|l| l.starts_with("digest:"))
+            .filter(|l| l.starts_with("digest:") || l.starts_with("group digest:"))
             .map(str::to_string)
             .collect(),
     )
@@ -310,13 +327,22 @@ fn main() {
     assert!(level >= mpi::Threading::Serialized, "{level:?}");
     let world = universe.world();
     checks(&world);
+    group::checks(&world);
     if let Some(digests) = multi {
         let here = format!("digest: {:016x}", digest(&local_sum(0, 1)));
-        assert_eq!(digests.len(), 2);
+        let (plain, groups): (Vec<_>, Vec<_>) =
+            digests.iter().partition(|d| d.starts_with("digest:"));
+        assert_eq!(plain.len(), 2);
         assert!(
-            digests.iter().all(|d| *d == here),
-            "{digests:?} vs the 1-rank {here}"
+            plain.iter().all(|d| **d == here),
+            "{plain:?} vs the 1-rank {here}"
         );
         println!("mpi: 2 ranks agree with the 1-rank run ({here})");
+        // The 2-rank group's weights: the reference of 2 ranks x 2
+        // devices, computed here.
+        let want = format!("group digest: {:016x}", digest32(&group::reference(2, 2)));
+        assert_eq!(groups.len(), 2);
+        assert!(groups.iter().all(|d| **d == want), "{groups:?} vs {want}");
+        println!("mpi: the 2-rank group's weights are the reference's ({want})");
     }
 }

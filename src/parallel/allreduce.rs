@@ -11,6 +11,23 @@
 //!    1)` ops);
 //! 3. per device, an *unpack* op: writes the sum back into its segments.
 //!
+//! **Across ranks** (the `mpi` feature, `AllReduce::across_ranks`): the
+//! same buffer on every rank of a `Communicator`,
+//! summed over every rank's devices. Between the ring's reduce-scatter and
+//! its all-gather, each finished chunk (the local sum of chunk `c`, on the
+//! device that owns it) is summed across ranks by one MPI all-reduce,
+//! pushed as a collective op, `n` of them in chunk order; the all-gather
+//! then spreads the global sums to the local devices. With one local
+//! device there is no ring: the packed buffer is one chunk, all-reduced.
+//! Element `i` of chunk `c` is so `Σ_r s_r[i]`, where `s_r` is rank `r`'s
+//! local sum in [`serial_sum`](super::serial_sum)'s order (the fold from
+//! device `c` around the ring) and `Σ_r` is MPI's `MPI_SUM` across ranks:
+//! the same value on every rank (the MPI standard advises implementations so;
+//! with two ranks it is one commutative addition, so its order cannot
+//! matter). That differs from a one-rank ring over all the devices (whose
+//! fold runs over every device in one chain), so the two agree bit for
+//! bit only where the sums are exact.
+//!
 //! All of them carry a name starting with `allreduce` (what
 //! [`Overlap`](super::Overlap) counts). A failed or poisoned segment poisons
 //! the sum on every device, as any failed op poisons what depends on it.
@@ -23,6 +40,8 @@ use std::sync::Arc;
 
 use super::ring::Ring;
 use crate::dep::{Device, Var, VarKey};
+#[cfg(feature = "mpi")]
+use crate::engine::Communicator;
 use crate::engine::Engine;
 use crate::error::Error;
 
@@ -77,6 +96,9 @@ pub struct AllReduce {
     /// The segments' lengths, the same on every device.
     lens: Arc<[usize]>,
     plan: Plan,
+    /// The ranks the sum spans (`None`: this process only).
+    #[cfg(feature = "mpi")]
+    ranks: Option<Communicator>,
 }
 
 impl AllReduce {
@@ -95,6 +117,54 @@ impl AllReduce {
         segments: Vec<Vec<Var<Vec<f32>>>>,
         lens: &[usize],
         backend: Backend,
+    ) -> Result<Self, Error> {
+        Self::build(engine, devices, segments, lens, backend, false)
+    }
+
+    /// An all-reduce as [`new`](Self::new), summed over this process's
+    /// `devices` and across the ranks of `ranks` (the `mpi` feature): the
+    /// local ring's reduce-scatter, one MPI all-reduce per chunk (pushed as
+    /// a [`Communicator`] collective, in chunk order), the ring's
+    /// all-gather. With one local device the packed buffer is one chunk.
+    ///
+    /// The order of the sum: element `i` of chunk `c` is `Σ_r s_r[i]`,
+    /// each rank's local sum `s_r` in [`serial_sum`](super::serial_sum)'s
+    /// order, added across ranks by `MPI_SUM` (the MPI standard advises
+    /// implementations to give every rank the same result; with two ranks
+    /// it is one commutative addition, which cannot differ): the same bits
+    /// on every rank. A one-rank ring over all the devices folds in another
+    /// order, so the two agree bit for bit only where the sums are exact.
+    /// Every rank must build its all-reduces with the same device count
+    /// and lengths and push them in the same order (MPI's rule for
+    /// collectives); [`Group`](super::Group) checks the layout at its
+    /// first step.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    #[cfg(feature = "mpi")]
+    pub fn across_ranks(
+        engine: &Engine,
+        devices: &[Device],
+        segments: Vec<Vec<Var<Vec<f32>>>>,
+        lens: &[usize],
+        backend: Backend,
+        ranks: &Communicator,
+    ) -> Result<Self, Error> {
+        let mut reduce = Self::build(engine, devices, segments, lens, backend, true)?;
+        reduce.ranks = Some(ranks.clone());
+        Ok(reduce)
+    }
+
+    /// `spans_ranks`: even one device gets a (one-chunk) ring, for the
+    /// collective to work on.
+    fn build(
+        engine: &Engine,
+        devices: &[Device],
+        segments: Vec<Vec<Var<Vec<f32>>>>,
+        lens: &[usize],
+        backend: Backend,
+        spans_ranks: bool,
     ) -> Result<Self, Error> {
         if devices.is_empty() {
             return Err(Error::Parallel("an all-reduce over no devices".into()));
@@ -115,7 +185,7 @@ impl AllReduce {
         }
         let len = lens.iter().sum();
         let plan = match (backend, devices.len()) {
-            (_, 1) => Plan::Alone,
+            (_, 1) if !spans_ranks => Plan::Alone,
             (Backend::Ring, _) => Plan::Ring(Ring::new(engine, devices.to_vec(), len)),
         };
         Ok(Self {
@@ -127,6 +197,8 @@ impl AllReduce {
             segments,
             lens: lens.into(),
             plan,
+            #[cfg(feature = "mpi")]
+            ranks: None,
         })
     }
 
@@ -156,7 +228,20 @@ impl AllReduce {
         for d in 0..self.devices.len() {
             self.pack(engine, ring, d, priority)?;
         }
-        ring.push(engine, priority)?;
+        ring.push_phase(engine, priority, false)?;
+        #[cfg(feature = "mpi")]
+        if let Some(ranks) = &self.ranks {
+            // The local sums, across ranks: one collective per chunk, on
+            // the chunk's owner's copy, in chunk order on every rank.
+            for c in 0..self.devices.len() {
+                ranks
+                    .all_reduce(&ring.chunks[ring.owner(c)][c])
+                    .name("allreduce ranks")
+                    .priority(priority)
+                    .push()?;
+            }
+        }
+        ring.push_phase(engine, priority, true)?;
         for d in 0..self.devices.len() {
             self.unpack(engine, ring, d, priority)?;
         }

@@ -11,6 +11,7 @@
 use super::allreduce::AllReduce;
 use super::group::{Group, ParamVars};
 use super::update::{HostSum, Update, every_replica};
+use crate::dep::{Device, Var};
 use crate::engine::Engine;
 use crate::error::Error;
 
@@ -38,6 +39,22 @@ fn cuts(
     }
     cuts.reverse();
     cuts
+}
+
+/// A bucket's all-reduce over the devices `comm` (and the group's ranks,
+/// if it spans some).
+fn all_reduce(
+    group: &Group,
+    comm: &[Device],
+    segments: Vec<Vec<Var<Vec<f32>>>>,
+    lens: &[usize],
+) -> Result<AllReduce, Error> {
+    let e = &group.engine;
+    #[cfg(feature = "mpi")]
+    if let Some(ranks) = &group.ranks {
+        return AllReduce::across_ranks(e, comm, segments, lens, group.backend, ranks);
+    }
+    AllReduce::new(e, comm, segments, lens, group.backend)
 }
 
 /// One bucket.
@@ -73,6 +90,14 @@ impl Buckets {
     pub(super) fn new(group: &Group) -> Result<Self, Error> {
         let n = group.members.len();
         let cuts = cuts(group.params.iter().map(|p| p.len), group.bucket_bytes);
+        #[cfg(feature = "mpi")]
+        if let Some(ranks) = &group.ranks {
+            let lens: Vec<usize> = cuts
+                .iter()
+                .map(|b| b.iter().map(|&p| group.params[p].len).sum())
+                .collect();
+            super::ranks::check_layout(group, ranks, &lens)?;
+        }
         let mut of = vec![0; group.params.len()];
         let mut list = Vec::with_capacity(cuts.len());
         for (b, params) in cuts.into_iter().enumerate() {
@@ -84,13 +109,7 @@ impl Buckets {
                         .map(|d| vars.iter().map(|p| p.grads[d].clone()).collect())
                         .collect();
                     let lens: Vec<usize> = vars.iter().map(|p| p.len).collect();
-                    Reduce::AllReduce(AllReduce::new(
-                        &group.engine,
-                        &comm,
-                        segments,
-                        &lens,
-                        group.backend,
-                    )?)
+                    Reduce::AllReduce(all_reduce(group, &comm, segments, &lens)?)
                 }
                 Update::Host => Reduce::Host(HostSum::new(&group.engine, &vars, n)),
             };

@@ -16,6 +16,8 @@ use super::split::Inputs;
 use super::update::{Optimizer, Update};
 use crate::dep::{Device, Var};
 use crate::device::Lane;
+#[cfg(feature = "mpi")]
+use crate::engine::Communicator;
 use crate::engine::Engine;
 use crate::error::Error;
 
@@ -68,6 +70,11 @@ pub struct Group {
     pub(super) inputs: Inputs,
     /// Set up by the first step: no parameter may be added after it.
     pub(super) buckets: Option<Buckets>,
+    /// How many ranks the group spans (1: this process only).
+    pub(super) rank_count: usize,
+    /// The ranks the group spans ([`GroupBuilder::across_ranks`]).
+    #[cfg(feature = "mpi")]
+    pub(super) ranks: Option<Communicator>,
 }
 
 /// Configures a [`Group`]: its devices, inputs, update and bucket size.
@@ -81,6 +88,8 @@ pub struct GroupBuilder {
     update: Update,
     optimizer: Option<Optimizer>,
     bucket_bytes: usize,
+    #[cfg(feature = "mpi")]
+    ranks: Option<Communicator>,
 }
 
 /// Gradients smaller than this are reduced together, in buckets of at most
@@ -99,7 +108,15 @@ impl Group {
             update: Update::EveryReplica,
             optimizer: None,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            #[cfg(feature = "mpi")]
+            ranks: None,
         }
+    }
+
+    /// How many ranks (processes) the group spans: 1 unless built
+    /// [`across_ranks`](GroupBuilder::across_ranks).
+    pub fn rank_count(&self) -> usize {
+        self.rank_count
     }
 
     /// The group's devices, in order.
@@ -268,13 +285,45 @@ impl GroupBuilder {
         self
     }
 
+    /// Spans the group across the ranks of `ranks` (the `mpi` feature):
+    /// every rank builds the same group (the same number of local devices,
+    /// the same parameters, in the same order) and steps it on its own
+    /// share of each global batch; a step sums the gradients over every
+    /// device of every rank, so every replica of every rank is updated
+    /// alike. Each bucket's sum: the local ring's reduce-scatter, one MPI
+    /// all-reduce per chunk (collective ops on `ranks`, pushed by the step
+    /// in the same order on every rank), then the ring's all-gather (see
+    /// [`AllReduce::across_ranks`](super::AllReduce::across_ranks) for the
+    /// order of the sum). The first step checks, through one all-gather,
+    /// that every rank has the same device count and buckets, and fails on
+    /// every rank alike if not.
+    ///
+    /// The program's own collectives on `ranks` interleave with the
+    /// group's in push order: push them from the thread that steps, in the
+    /// same order on every rank. A gradient that fails on one rank only
+    /// skips that rank's collectives, and the other ranks then wait for
+    /// them (MPI has no recovery): treat a failed step as the end of the
+    /// job.
+    #[cfg(feature = "mpi")]
+    pub fn across_ranks(mut self, ranks: &Communicator) -> Self {
+        self.ranks = Some(ranks.clone());
+        self
+    }
+
     /// The group.
     ///
     /// # Errors
     ///
-    /// [`Error::Parallel`] for no devices, a device given twice, or a zero
-    /// input width; the engine's error for a device of another engine.
+    /// [`Error::Parallel`] for no devices, a device given twice, a zero
+    /// input width, or (`mpi`) [`Update::Host`] across ranks; the engine's
+    /// error for a device of another engine.
     pub fn build(self) -> Result<Group, Error> {
+        #[cfg(feature = "mpi")]
+        if self.ranks.is_some() && self.update == Update::Host {
+            return Err(Error::Parallel(
+                "a group across ranks updates every replica: Update::Host sums on one host".into(),
+            ));
+        }
         if self.devices.is_empty() {
             return Err(Error::Parallel("a group of no devices".into()));
         }
@@ -308,6 +357,12 @@ impl GroupBuilder {
             bucket_bytes: self.bucket_bytes,
             params: Vec::new(),
             buckets: None,
+            #[cfg(feature = "mpi")]
+            rank_count: self.ranks.as_ref().map_or(1, Communicator::size),
+            #[cfg(not(feature = "mpi"))]
+            rank_count: 1,
+            #[cfg(feature = "mpi")]
+            ranks: self.ranks,
         })
     }
 }

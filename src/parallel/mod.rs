@@ -25,6 +25,11 @@
 //!   writes the bucket's last gradient
 //!   ([`DeviceStep::grad_ready`]), at a priority that makes the first
 //!   layer's go first.
+//! - **across ranks** (the `mpi` feature,
+//!   `GroupBuilder::across_ranks`): the group spans ranks x local
+//!   devices; each bucket's local reduce-scatter is followed by one MPI
+//!   all-reduce per chunk (a `Communicator` collective op) and the local all-gather, so every replica of every
+//!   rank holds the same sum (the order: [`AllReduce`]'s docs).
 //! - **update** ([`Update`]): the optimizer on every replica (the
 //!   default), or on the host once with a copy back to every replica. Both
 //!   sum in [`serial_sum`]'s order: the same weights, bit for bit.
@@ -94,6 +99,8 @@ mod allreduce;
 mod bucket;
 mod group;
 mod overlap;
+#[cfg(feature = "mpi")]
+mod ranks;
 mod ring;
 mod split;
 mod step;

@@ -118,41 +118,61 @@ impl Ring {
         Self { chunks, keys, comm }
     }
 
-    /// Pushes the `2 n (n - 1)` ops of one all-reduce of the chunks (which
-    /// each device's pack op wrote), at `priority`.
-    pub(super) fn push(&self, engine: &Engine, priority: i32) -> Result<(), Error> {
+    /// The device that holds the whole (local) sum of chunk `c` once the
+    /// reduce-scatter has run: device `(c + n - 1) mod n`, where the
+    /// all-gather starts from.
+    #[cfg(feature = "mpi")]
+    pub(super) fn owner(&self, c: usize) -> usize {
         let n = self.comm.len();
-        for (name, gather) in [("allreduce reduce", false), ("allreduce gather", true)] {
-            for s in 0..n.saturating_sub(1) {
-                for d in 0..n {
-                    let to = (d + 1) % n;
-                    let c = if gather {
-                        (d + 1 + n - s) % n
-                    } else {
-                        (d + n - s) % n
-                    };
-                    let (src, dst) = (&self.chunks[d][c], &self.chunks[to][c]);
-                    let (sk, dk) = (src.key(), dst.key());
-                    engine
-                        .op()
-                        .name(name)
-                        .priority(priority)
-                        .on(self.comm[to])
-                        .reads(&[src])
-                        .mutates(&[dst])
-                        .run(move |ctx| {
-                            let src = ctx.read(sk)?;
-                            let mut dst = ctx.write(dk)?;
-                            if gather {
-                                dst.copy_from_slice(&src);
-                            } else {
-                                for (o, s) in dst.iter_mut().zip(src.iter()) {
-                                    *o += *s;
-                                }
+        (c + n - 1) % n
+    }
+
+    /// Pushes one phase of an all-reduce of the chunks (which each device's
+    /// pack op wrote), at `priority`: the reduce-scatter's `n (n - 1)` ops,
+    /// or (`gather`) the all-gather's, each finished chunk from its
+    /// [`owner`](Self::owner). The two phases together are the ring's
+    /// `2 n (n - 1)` ops.
+    pub(super) fn push_phase(
+        &self,
+        engine: &Engine,
+        priority: i32,
+        gather: bool,
+    ) -> Result<(), Error> {
+        let n = self.comm.len();
+        let name = if gather {
+            "allreduce gather"
+        } else {
+            "allreduce reduce"
+        };
+        for s in 0..n.saturating_sub(1) {
+            for d in 0..n {
+                let to = (d + 1) % n;
+                let c = if gather {
+                    (d + 1 + n - s) % n
+                } else {
+                    (d + n - s) % n
+                };
+                let (src, dst) = (&self.chunks[d][c], &self.chunks[to][c]);
+                let (sk, dk) = (src.key(), dst.key());
+                engine
+                    .op()
+                    .name(name)
+                    .priority(priority)
+                    .on(self.comm[to])
+                    .reads(&[src])
+                    .mutates(&[dst])
+                    .run(move |ctx| {
+                        let src = ctx.read(sk)?;
+                        let mut dst = ctx.write(dk)?;
+                        if gather {
+                            dst.copy_from_slice(&src);
+                        } else {
+                            for (o, s) in dst.iter_mut().zip(src.iter()) {
+                                *o += *s;
                             }
-                            Ok(())
-                        })?;
-                }
+                        }
+                        Ok(())
+                    })?;
             }
         }
         Ok(())

@@ -54,9 +54,10 @@ impl<'g> DeviceStep<'g> {
         self.slot.rows
     }
 
-    /// The rows of the whole batch (over all devices).
+    /// The rows of the whole batch (over all devices, of every rank for
+    /// a group across ranks: `GroupBuilder::across_ranks`).
     pub fn batch_rows(&self) -> usize {
-        self.slot.rows * self.group.members.len()
+        self.slot.rows * self.group.members.len() * self.group.rank_count
     }
 
     /// This device's replica of `p`.
@@ -122,7 +123,9 @@ impl Group {
     ///
     /// # Errors
     ///
-    /// [`Error::Parallel`] if no batch is loaded (for a group with inputs);
+    /// [`Error::Parallel`] if no batch is loaded (for a group with inputs),
+    /// or, at the first step of a group across ranks, if the ranks' device
+    /// counts or buckets differ (on every rank alike);
     /// the first error `f` returns (the step stops there: what was pushed
     /// runs, the reductions of that step are not pushed); errors pushing ops.
     pub fn step<F>(&mut self, mut f: F) -> Result<(), Error>

@@ -1,0 +1,232 @@
+//! A data-parallel [`Group`] across ranks: ranks × local devices.
+//!
+//! The model: least squares, `w` of `WIDTH` floats, trained by SGD on
+//! `BATCHES` global batches of `ROWS` rows; rank `r` of `S` takes rows
+//! `r * ROWS / S ..` of each, split over its local devices. The data are
+//! not dyadic, so sums in different orders differ in their last bits: the
+//! checks say which order the group's sum has.
+//!
+//! - every replica of every rank ends bit-identical, and equal to
+//!   [`reference`] (each rank's devices summed in [`serial_sum`]'s order,
+//!   then the ranks' sums added), computed serially on the host;
+//! - the 1-rank run on the same global batches over `2 S` local devices
+//!   (a plain local group) folds in another order: close, not required to
+//!   be equal;
+//! - with dyadic data (exact sums) the gradient sum equals the 1-rank
+//!   run's bit for bit;
+//! - a rank with another device count, or parameters of other lengths,
+//!   fails the first step, on every rank alike; `Update::Host` across ranks
+//!   is refused at build.
+
+use depflow::parallel::{Group, Update, serial_sum};
+use depflow::{Communicator, Engine, Error, Executor};
+
+use super::{digest32, gathered};
+
+const WIDTH: usize = 12;
+const ROWS: usize = 8;
+const BATCHES: usize = 6;
+const RATE: f32 = 0.01;
+
+/// Global batch `b`: `ROWS` rows of `WIDTH` inputs, and `ROWS` targets.
+fn batch(b: usize, dyadic: bool) -> (Vec<f32>, Vec<f32>) {
+    let (step, target) = if dyadic { (0.125, 0.25) } else { (0.1, 0.3) };
+    let x = (0..ROWS * WIDTH)
+        .map(|i| ((b * 31 + i * 7) % 17) as f32 * step - 1.0)
+        .collect();
+    let y = (0..ROWS).map(|r| ((b + r) % 5) as f32 * target).collect();
+    (x, y)
+}
+
+/// The gradient of `Σ (x·w - y)² / 2` over `rows` rows (the same code on a
+/// device and in the reference, so the same bits).
+fn gradient(x: &[f32], y: &[f32], w: &[f32], g: &mut [f32]) {
+    g.fill(0.0);
+    for (row, &t) in x.chunks_exact(WIDTH).zip(y) {
+        let err = row.iter().zip(w).map(|(a, b)| a * b).sum::<f32>() - t;
+        g.iter_mut().zip(row).for_each(|(g, a)| *g += err * a);
+    }
+}
+
+fn sgd(w: &mut [f32], g: &[f32]) {
+    w.iter_mut().zip(g).for_each(|(w, g)| *w -= RATE * g);
+}
+
+fn init() -> Vec<f32> {
+    (0..WIDTH).map(|j| (j % 3) as f32 * 0.25 - 0.25).collect()
+}
+
+/// Rows `lo..hi` of a batch.
+fn rows(x: &[f32], y: &[f32], lo: usize, hi: usize) -> (Vec<f32>, Vec<f32>) {
+    (x[lo * WIDTH..hi * WIDTH].to_vec(), y[lo..hi].to_vec())
+}
+
+/// The weights after training, serially: per batch, each device's
+/// gradient, each rank's devices summed in `serial_sum`'s order, the
+/// ranks' sums added in rank order (with two ranks one addition, which is
+/// commutative: MPI's order cannot change it), then SGD.
+pub fn reference(ranks: usize, devices: usize) -> Vec<f32> {
+    assert!(ranks <= 2, "the ranks' order is known for 2 ranks");
+    let mut w = init();
+    for b in 0..BATCHES {
+        let (x, y) = batch(b, false);
+        let per = ROWS / (ranks * devices);
+        let mut total = vec![0.0f32; WIDTH];
+        for r in 0..ranks {
+            let grads: Vec<Vec<f32>> = (0..devices)
+                .map(|d| {
+                    let lo = (r * devices + d) * per;
+                    let (xs, ys) = rows(&x, &y, lo, lo + per);
+                    let mut g = vec![0.0; WIDTH];
+                    gradient(&xs, &ys, &w, &mut g);
+                    g
+                })
+                .collect();
+            let refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+            let local = serial_sum(&refs);
+            if r == 0 {
+                total = local;
+            } else {
+                total.iter_mut().zip(&local).for_each(|(t, l)| *t += l);
+            }
+        }
+        sgd(&mut w, &total);
+    }
+    w
+}
+
+/// Trains with a group of `devices` local devices (across `comm`'s ranks
+/// when given) and returns every local replica's weights, and the last
+/// summed gradient (device 0's).
+fn train(
+    engine: &Engine,
+    comm: Option<&Communicator>,
+    devices: usize,
+    dyadic: bool,
+) -> Result<(Vec<Vec<f32>>, Vec<f32>), Error> {
+    let (rank, size) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
+    let devs = (0..devices).map(|d| engine.device(&format!("d{d}")).unwrap());
+    let mut builder = Group::builder(engine).devices(devs).input(WIDTH).input(1);
+    if !dyadic {
+        builder = builder.optimizer(sgd);
+    }
+    if let Some(comm) = comm {
+        builder = builder.across_ranks(comm);
+    }
+    let mut group = builder.build()?;
+    let w = group.param(&init())?;
+    let share = ROWS / size;
+    for b in 0..BATCHES {
+        let (x, y) = batch(b, dyadic);
+        let (xs, ys) = rows(&x, &y, rank * share, (rank + 1) * share);
+        group.load(vec![xs, ys])?;
+        group.step(|s| {
+            let (x, y, wv, g) = (s.input(0), s.input(1), s.replica(w), s.grad(w));
+            let (xk, yk, wk, gk) = (x.key(), y.key(), wv.key(), g.key());
+            s.engine()
+                .op()
+                .name("backward")
+                .on(s.device())
+                .reads(&[x, y, wv])
+                .mutates(&[g])
+                .run(move |ctx| {
+                    let w = ctx.read(wk)?;
+                    gradient(&ctx.read(xk)?, &ctx.read(yk)?, &w, &mut ctx.write(gk)?);
+                    Ok(())
+                })?;
+            s.grad_ready(w)
+        })?;
+    }
+    let weights = (0..devices)
+        .map(|d| group.weights(w, d))
+        .collect::<Result<_, _>>()?;
+    let grad = engine.get(group.grad(w, 0)).wait()?;
+    Ok((weights, grad))
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.iter()
+        .zip(b)
+        .all(|(a, b)| (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1.0))
+}
+
+/// The checks on this rank; prints `group digest: …` (the weights of the
+/// 2-devices-per-rank run) for the caller to compare with the reference.
+pub fn checks(world: &mpi::topology::SimpleCommunicator) {
+    let mut b = Engine::builder();
+    for d in 0..4 {
+        b = b.device(format!("d{d}"), Executor::pool(1));
+    }
+    let engine = b.build().unwrap();
+    let comm = Communicator::new(&engine, world).expect("communicator");
+    let (rank, size) = (comm.rank(), comm.size());
+    assert!(size <= 2, "these checks run on 1 or 2 ranks");
+
+    // The data tell the orders apart (else the equalities below would not
+    // say which order the group sums in).
+    // (1 device per rank against 2 local devices: both one commutative
+    // addition, the same bits.)
+    assert_ne!(reference(2, 2), reference(1, 4));
+    assert_eq!(reference(2, 1), reference(1, 2));
+
+    // Ranks × 2 devices: every replica equal, and equal to the reference.
+    let (weights, _) = train(&engine, Some(&comm), 2, false).unwrap();
+    assert!(weights.iter().all(|w| *w == weights[0]), "replicas differ");
+    let want = reference(size, 2);
+    assert_eq!(weights[0], want, "rank {rank}: not the reference's order");
+    let d = digest32(&weights[0]);
+    assert!(
+        gathered(&engine, &comm, d).iter().all(|&x| x == d),
+        "ranks' weights differ"
+    );
+    println!("group digest: {d:016x}");
+
+    // The 1-rank run on the same global batches, all devices local: close.
+    let (single, _) = train(&engine, None, 2 * size, false).unwrap();
+    assert_eq!(single[0], reference(1, 2 * size));
+    assert!(close(&single[0], &weights[0]), "{single:?} vs {weights:?}");
+
+    // One device per rank: the packed buffer all-reduced as one chunk.
+    let (one, _) = train(&engine, Some(&comm), 1, false).unwrap();
+    assert_eq!(one[0], reference(size, 1));
+
+    // Exact sums: the gradient sum is the 1-rank run's, bit for bit.
+    let (_, across) = train(&engine, Some(&comm), 2, true).unwrap();
+    let (_, local) = train(&engine, None, 2 * size, true).unwrap();
+    assert_eq!(across, local);
+
+    // Update::Host does not span ranks.
+    let r = Group::builder(&engine)
+        .device(engine.device("d0").unwrap())
+        .update(Update::Host)
+        .across_ranks(&comm)
+        .build();
+    assert!(matches!(r, Err(Error::Parallel(_))), "{r:?}");
+
+    // Another device count on rank 1: the first step fails on every rank.
+    if size == 2 {
+        let r = train(&engine, Some(&comm), 2 - rank, false);
+        match r {
+            Err(Error::Parallel(m)) => {
+                assert!(m.contains("rank 1 has 1 local device(s), rank 0 2"), "{m}")
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    // Parameters of other lengths on rank 1: the first step fails too.
+    if size == 2 {
+        let mut group = Group::builder(&engine)
+            .device(engine.device("d0").unwrap())
+            .across_ranks(&comm)
+            .build()
+            .unwrap();
+        group.param(&vec![0.0; WIDTH + rank]).unwrap();
+        match group.step(|_| Ok(())) {
+            Err(Error::Parallel(m)) => assert!(m.contains("of other lengths"), "{m}"),
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    comm.shutdown().expect("collectives done");
+    engine.wait_all().wait().ok();
+    println!("rank {rank} of {size}: group checks passed");
+}
