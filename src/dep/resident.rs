@@ -255,7 +255,7 @@ impl<D: Driver> Future for ResidentFuture<D> {
 /// The caller guarantees that the op may touch its variables now: every
 /// op it depends on in the replay has ended, and the replay holds the
 /// grants of its variables from outside the graph.
-#[inline]
+#[inline(always)]
 pub(crate) fn run_recorded<H: Host>(op: &Resident, body: &RecordedBody, host: &H) -> Ran {
     let (edges, ctx) = (op.edges(), &op.ctx);
     let op = op.block();

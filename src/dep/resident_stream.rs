@@ -192,6 +192,7 @@ pub(crate) fn complete_recorded<H: Host>(slot: &StreamSlot, host: &H) -> Option<
 /// fences are done: the op's predecessors in the replay ended, device work
 /// included, and the replay's op waited for the rest), and one on what it
 /// reads skips it; then as `run_recorded`.
+#[inline(never)]
 pub(crate) fn run_settled<H: Host>(resident: &Resident, body: &RecordedBody, host: &H) -> Ran {
     let op = resident.block();
     op.settle_fences();

@@ -189,6 +189,7 @@ impl<H: Host> Runtime<H> {
     /// Runs slow step `op`, woken (its units granted, if it has some): a
     /// host op with units to its end; a stream op's enqueue or, once its
     /// work is done, its completion.
+    #[inline(never)]
     pub(super) fn run_slow(&self, op: u32) {
         let step = &self.steps[op as usize];
         let block = step.resident.block();
