@@ -152,7 +152,7 @@ pub mod stream {
     //! Stream devices: ops that enqueue work on a GPU's streams, and complete
     //! when that work is done.
     //!
-    //! A stream device ([`Executor::cuda`](crate::Executor::cuda), or
+    //! A stream device (`Executor::cuda` with the `cuda` feature, or
     //! [`Executor::simulated_gpu`](crate::Executor::simulated_gpu) for machines
     //! without one) has *lanes*: compute streams, and one stream each for
     //! host-to-device and device-to-host copies (MXNet's copy workers), so that

@@ -424,7 +424,7 @@ impl OpCtx {
     }
 
     /// The stream to enqueue the op's work on, for an op on a stream device
-    /// ([`Executor::cuda`](crate::Executor::cuda),
+    /// (`Executor::cuda` with the `cuda` feature,
     /// [`Executor::simulated_gpu`](crate::Executor::simulated_gpu)).
     /// See [`Stream`] for an example.
     ///

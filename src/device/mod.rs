@@ -339,7 +339,7 @@ impl Stream {
     /// # Errors
     ///
     /// [`Error::Stream`] on a CUDA device (launch kernels on
-    /// [`cuda`](Self::cuda) there), or if the device refused it.
+    /// `Stream::cuda` there, `cuda` feature), or if the device refused it.
     pub fn simulate(
         &self,
         f: impl FnOnce() -> Result<(), String> + Send + 'static,

@@ -242,7 +242,7 @@ impl Executor {
     /// [simulated](crate::stream::Stream::simulate) on it in order, and one
     /// more thread that runs every stream's host functions one at a time (as
     /// CUDA may); events complete when their stream reaches them. It runs the
-    /// same launcher, event and completion code as [`Executor::cuda`], so
+    /// same launcher, event and completion code as `Executor::cuda` (feature `cuda`), so
     /// GPU programs can be tested (and their dependencies checked) on any
     /// machine. See [`Stream`](crate::stream::Stream) for an example.
     pub fn simulated_gpu(compute_streams: usize) -> Self {

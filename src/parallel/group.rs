@@ -114,7 +114,7 @@ impl Group {
     }
 
     /// How many ranks (processes) the group spans: 1 unless built
-    /// [`across_ranks`](GroupBuilder::across_ranks).
+    /// `across_ranks` (feature `mpi`).
     pub fn rank_count(&self) -> usize {
         self.rank_count
     }
