@@ -10,36 +10,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::within;
+use common::{Mem, gate, gpu_engine, within};
 use depflow::{Engine, Error, Executor, Lane, Var};
-
-/// "Device memory": a cell the enqueued work updates.
-type Mem = Arc<AtomicU64>;
-
-fn gpu_engine(host_threads: usize) -> (Engine, depflow::Device) {
-    let engine = Engine::builder()
-        .threads(host_threads)
-        .device("gpu", Executor::simulated_gpu(2))
-        .build()
-        .unwrap();
-    let gpu = engine.device("gpu").unwrap();
-    (engine, gpu)
-}
-
-/// A gate device work blocks on until the test opens it.
-#[derive(Clone)]
-struct Gate(Arc<Mutex<mpsc::Receiver<()>>>);
-
-impl Gate {
-    fn pass(&self) {
-        self.0.lock().unwrap().recv().unwrap();
-    }
-}
-
-fn gate() -> (mpsc::Sender<()>, Gate) {
-    let (tx, rx) = mpsc::channel();
-    (tx, Gate(Arc::new(Mutex::new(rx))))
-}
 
 /// `v`'s value, read by a pushed host op (after the device work on it).
 fn read_on_host(engine: &Engine, v: &Var<Mem>) -> u64 {

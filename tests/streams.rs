@@ -5,43 +5,14 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::within;
+use common::{Gate, Mem, gate, gpu_engine, within};
 use depflow::stream::SimMemory;
 use depflow::{Engine, Error, Executor, Lane, OpHandle, Var};
-
-/// "Device memory": a cell the enqueued work updates.
-type Mem = Arc<AtomicU64>;
-
-fn gpu_engine(host_threads: usize) -> (Engine, depflow::Device) {
-    let engine = Engine::builder()
-        .threads(host_threads)
-        .device("gpu", Executor::simulated_gpu(2))
-        .build()
-        .unwrap();
-    let gpu = engine.device("gpu").unwrap();
-    (engine, gpu)
-}
-
-/// A gate a device closure blocks on until the test opens it.
-#[derive(Clone)]
-struct Gate(Arc<Mutex<mpsc::Receiver<()>>>);
-
-impl Gate {
-    fn pass(&self) {
-        self.0.lock().unwrap().recv().unwrap();
-    }
-}
-
-/// The sender opens the gate.
-fn gate() -> (mpsc::Sender<()>, Gate) {
-    let (tx, rx) = mpsc::channel();
-    (tx, Gate(Arc::new(Mutex::new(rx))))
-}
 
 /// Pushes an op on `lane` of `gpu` whose device work waits for `shut`,
 /// then stores `value` in `v`.

@@ -139,3 +139,36 @@ fn crossbeam_like_channel() -> Chan {
         Arc::new(std::sync::Mutex::new(rx)),
     )
 }
+
+/// "Device memory" for tests on a simulated GPU: a cell the enqueued work
+/// updates.
+pub type Mem = Arc<std::sync::atomic::AtomicU64>;
+
+/// An engine with `host_threads` host workers and a simulated GPU named
+/// "gpu" of two compute lanes, and that device.
+pub fn gpu_engine(host_threads: usize) -> (Engine, depflow::Device) {
+    let engine = Engine::builder()
+        .threads(host_threads)
+        .device("gpu", Executor::simulated_gpu(2))
+        .build()
+        .unwrap();
+    let gpu = engine.device("gpu").unwrap();
+    (engine, gpu)
+}
+
+/// A gate (device) work blocks on until the test opens it.
+#[derive(Clone)]
+pub struct Gate(Arc<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>);
+
+impl Gate {
+    /// Blocks until the gate's sender sends once.
+    pub fn pass(&self) {
+        self.0.lock().unwrap().recv().unwrap();
+    }
+}
+
+/// A gate and its sender, which opens it once per send.
+pub fn gate() -> (std::sync::mpsc::Sender<()>, Gate) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    (tx, Gate(Arc::new(std::sync::Mutex::new(rx))))
+}
