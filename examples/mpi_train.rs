@@ -175,12 +175,7 @@ fn train(
 
     // Every local replica, then every rank: a checksum of the weights'
     // bits, its maximum and minimum over the ranks.
-    let replica = |d: usize| -> Result<Weights, Error> {
-        mlp.params
-            .iter()
-            .map(|&(w, b)| Ok((group.weights(w, d)?, group.weights(b, d)?)))
-            .collect()
-    };
+    let replica = |d: usize| mlp.replica(&group, d);
     let first = replica(0)?;
     let mut local = true;
     for d in 1..devices {

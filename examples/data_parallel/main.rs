@@ -38,7 +38,7 @@ use std::time::Instant;
 use data::{CLASSES, Data, FEATURES, Rng};
 use depflow::parallel::{Group, Overlap};
 use depflow::{Engine, Error, Executor, Tracing};
-use model::{Mlp, Weights};
+use model::Mlp;
 
 const SEED: u64 = 42;
 const BATCH: usize = 128;
@@ -139,12 +139,7 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
     // poller sees its event: not the time its work ran. No figure there.
     let overlap =
         (n > 1 && !args.gpus).then(|| Overlap::measure(&trace, |op| op.name() == Some("backward")));
-    let replica = |d: usize| -> Result<Weights, Error> {
-        mlp.params
-            .iter()
-            .map(|&(w, b)| Ok((group.weights(w, d)?, group.weights(b, d)?)))
-            .collect()
-    };
+    let replica = |d: usize| mlp.replica(&group, d);
     let first = replica(0)?;
     let mut identical = true;
     for d in 1..n {

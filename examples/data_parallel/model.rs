@@ -192,6 +192,14 @@ impl Mlp {
     }
 
     /// Held-out accuracy of `weights` (per layer: weights, bias), on the host.
+    /// Device `d`'s replica of every parameter.
+    pub fn replica(&self, group: &Group, d: usize) -> Result<Weights, Error> {
+        self.params
+            .iter()
+            .map(|&(w, b)| Ok((group.weights(w, d)?, group.weights(b, d)?)))
+            .collect()
+    }
+
     pub fn accuracy(&self, weights: &Weights, x: &[f32], y: &[f32]) -> f64 {
         let rows = y.len();
         let mut h =

@@ -298,6 +298,23 @@ fn finish(done: Vec<(Arc<dyn InFlight>, String)>) {
 }
 
 impl Shared {
+    /// The state of communicator `raw`, nothing issued yet.
+    fn new(raw: ffi::MPI_Comm, in_place: usize) -> Self {
+        Self {
+            raw,
+            in_place,
+            next_ticket: AtomicU64::new(0),
+            state: Mutex::new(State {
+                next_issue: 0,
+                waiting: VecDeque::new(),
+                requests: Vec::new(),
+                in_flight: Vec::new(),
+                closed: None,
+            }),
+            cv: Condvar::default(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
     }
@@ -411,19 +428,7 @@ impl Comm {
             check(ffi::MPI_Comm_size(raw, &mut size))?;
             check(ffi::MPI_Comm_rank(raw, &mut rank))?;
         }
-        let shared = Arc::new(Shared {
-            raw,
-            in_place,
-            next_ticket: AtomicU64::new(0),
-            state: Mutex::new(State {
-                next_issue: 0,
-                waiting: VecDeque::new(),
-                requests: Vec::new(),
-                in_flight: Vec::new(),
-                closed: None,
-            }),
-            cv: Condvar::default(),
-        });
+        let shared = Arc::new(Shared::new(raw, in_place));
         let thread = Arc::new(Threads::default());
         thread
             .spawn(format!("{name}-mpi"), {
@@ -654,20 +659,8 @@ mod tests {
     }
 
     fn shared() -> Arc<Shared> {
-        Arc::new(Shared {
-            // SAFETY: rsmpi's null communicator, a plain value (unused).
-            raw: unsafe { ffi::RSMPI_COMM_NULL },
-            in_place: 1,
-            next_ticket: AtomicU64::new(0),
-            state: Mutex::new(State {
-                next_issue: 0,
-                waiting: VecDeque::new(),
-                requests: Vec::new(),
-                in_flight: Vec::new(),
-                closed: None,
-            }),
-            cv: Condvar::default(),
-        })
+        // SAFETY: rsmpi's null communicator, a plain value (unused).
+        Arc::new(Shared::new(unsafe { ffi::RSMPI_COMM_NULL }, 1))
     }
 
     fn ticket(shared: &Arc<Shared>) -> Ticket {
