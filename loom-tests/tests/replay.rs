@@ -139,19 +139,23 @@ fn a_single_ready_successor_is_handed_off_once() {
 }
 
 /// A thread keeps several ready successors to run itself (`run_from`'s
-/// kept ops): op 0 makes ops 2 and 3 ready on thread A, which counts op 0
-/// out (not the last: it keeps two), then runs both; op 3 and op 1 (on
-/// thread B) join into op 4, run by whichever satisfies it last. Each op
-/// runs once, after its predecessors' writes, and one op ends the replay.
+/// kept ops): op 0 makes ops 2 and 3 ready on thread A, which runs both;
+/// op 3 and op 1 (on thread B) join into op 4, run by whichever satisfies
+/// it last. Each thread counts the ops it ran out at once when it stops
+/// (`ops_done`), as `run_from` does. Each op runs once, after its
+/// predecessors' writes, and one thread's count ends the replay.
 #[test]
 fn kept_successors_run_on_the_thread_that_made_them_ready() {
     loom::model(|| {
         let replay = Replay::new(5);
         assert!(replay.countdowns.arm(&[0, 0, 1, 1, 2]));
+        // Op 4 once both 1 and 3 ended: returns how many ops it ran.
         let join = |replay: &Replay| {
             if replay.countdowns.satisfy(4) == Satisfied::Ready {
-                assert_eq!(replay.countdowns.op_done(), Left::More);
                 replay.run(4, &[1, 3], 0);
+                1
+            } else {
+                0
             }
         };
         let a = {
@@ -165,24 +169,23 @@ fn kept_successors_run_on_the_thread_that_made_them_ready() {
                     }
                 }
                 assert_eq!(kept, [2, 3], "op 0 was their only predecessor");
-                assert_eq!(replay.countdowns.op_done(), Left::More, "two kept");
-                let mut last = Left::More;
+                let mut done = 1;
                 for s in kept {
                     replay.run(s as usize, &[0], 0);
+                    done += 1;
                     if s == 3 {
-                        join(&replay);
+                        done += join(&replay);
                     }
-                    last = replay.countdowns.op_done();
                 }
-                last
+                replay.countdowns.ops_done(done)
             })
         };
         let b = {
             let replay = replay.clone();
             thread::spawn(move || {
                 replay.run(1, &[], 0);
-                join(&replay);
-                replay.countdowns.op_done()
+                let done = 1 + join(&replay);
+                replay.countdowns.ops_done(done)
             })
         };
         replay.await_end(1);

@@ -15,7 +15,8 @@
 //!   previous replay's `poll_done` returned `Ready` (the graph's caller
 //!   orders them), and before any op of the new replay runs.
 //! - An op calls [`satisfy`](Countdowns::satisfy) for its successors, then
-//!   [`op_done`](Countdowns::op_done) once. After an `op_done` that returns
+//!   is counted out once, by [`op_done`](Countdowns::op_done) or in a batch
+//!   by [`ops_done`](Countdowns::ops_done). After a count that returns
 //!   [`Left::Last`] the caller must not touch the countdowns (nor anything
 //!   the replay's awaiter may free once it sees the replay over): the last
 //!   thing it touches is the waiter's lock, released in `op_done`.
@@ -25,15 +26,15 @@
 //!
 //! | field | written by | read by |
 //! | --- | --- | --- |
-//! | `pending` | `arm` (plain stores, before the replay's ops are released); `satisfy` (`fetch_sub`) | `satisfy` |
-//! | `left` | `arm`; `op_done` (`fetch_sub`) | `op_done` |
+//! | `pending` | `arm` (plain stores, before the replay's ops are released); `satisfy` (`fetch_sub`, unless the count is the caller's alone) | `satisfy` |
+//! | `left` | `arm`; `ops_done` (`fetch_sub`, one op or a thread's run of them) | `ops_done` |
 //! | `waiter` | `arm`, the last `op_done`, `poll_done` (under its lock) | the same |
 
 use std::task::{Context, Poll, Waker};
 
 use crate::loom::sync::Mutex;
 use crate::loom::sync::atomic::AtomicU32;
-use crate::loom::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use crate::loom::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 /// What [`Countdowns::satisfy`] found.
 #[must_use]
@@ -119,9 +120,20 @@ impl Countdowns {
     /// One predecessor of op `op` ended.
     #[inline]
     pub fn satisfy(&self, op: u32) -> Satisfied {
+        let pending = &self.pending[op as usize];
+        // A count of 1 can only be the caller's own (counts only fall, and
+        // the caller has not counted yet): every other predecessor has
+        // ended, and the Acquire sees what it wrote. Then no
+        // read-modify-write is needed, which spares a chain's ops (one
+        // predecessor each) a locked instruction, and the count is left
+        // for the next `arm` to overwrite. A stale larger count only takes
+        // the slow way.
+        if pending.load(Acquire) == 1 {
+            return Satisfied::Ready;
+        }
         // AcqRel: the thread that sees the count reach zero runs the op, and
         // must see what every predecessor wrote.
-        if self.pending[op as usize].fetch_sub(1, AcqRel) == 1 {
+        if pending.fetch_sub(1, AcqRel) == 1 {
             Satisfied::Ready
         } else {
             Satisfied::Waiting
@@ -131,9 +143,20 @@ impl Countdowns {
     /// An op of the replay ended (after satisfying its successors).
     #[inline]
     pub fn op_done(&self) -> Left {
+        self.ops_done(1)
+    }
+
+    /// `n` ops of the replay ended (each after satisfying its successors),
+    /// counted out at once: a thread that runs many ops in a row counts
+    /// them out when it stops, instead of making every op's end a write to
+    /// the one counter all threads share. (The replay cannot end meanwhile:
+    /// the ops not yet counted out keep `left` above zero.)
+    #[inline]
+    pub fn ops_done(&self, n: u32) -> Left {
+        debug_assert!(n != 0);
         // AcqRel: the last op's thread sees every op's effects, and publishes
         // them with the lock below to the awaiter.
-        if self.left.fetch_sub(1, AcqRel) != 1 {
+        if self.left.fetch_sub(n, AcqRel) != n {
             return Left::More;
         }
         let waker = {

@@ -271,14 +271,26 @@ impl<H: Host> Runtime<H> {
     /// same device ready, that one; then the ops kept in `ready` (of the
     /// same device), and those they make ready, until none is left. Kept
     /// ops are shared with the device's idle workers as it goes.
+    ///
+    /// The ops it ran are counted out of the replay together when it stops
+    /// (`Countdowns::ops_done`): at T >= 2, a count per op was a write to
+    /// the counter every worker shares, its cache line moving between them
+    /// at every op.
     fn run_from(&self, mut op: u32, ready: &mut Ready) {
         let device = self.steps[op as usize].device;
+        let mut done = 0;
         loop {
             let step = &self.steps[op as usize];
             let ran = match step.kind {
                 Kind::Host => run_recorded(&step.resident, &step.body, &*self.host),
                 Kind::Settled => run_settled(&step.resident, &step.body, &*self.host),
-                Kind::Units | Kind::Stream => return self.run_slow(op),
+                Kind::Units | Kind::Stream => {
+                    // `op` is not counted out yet: this cannot be the last.
+                    if done != 0 {
+                        let _ = self.countdowns.ops_done(done);
+                    }
+                    return self.run_slow(op);
+                }
             };
             match ran {
                 Ran::Succeeded => {}
@@ -294,17 +306,15 @@ impl<H: Host> Runtime<H> {
             if ready.len != 0 {
                 self.share(ready, device, urgent);
             }
-            // After the last op is counted out, nothing here may be touched
-            // (the replay's op may free the graph); an op kept or handed on
-            // means this was not the last.
-            match (
-                self.countdowns.op_done(),
-                next.or_else(|| ready.pop_front()),
-            ) {
-                (Left::More, Some(s)) => op = s,
-                (Left::More, None) => return,
-                (Left::Last, next) => {
-                    debug_assert!(next.is_none(), "the last op handed one on");
+            done += 1;
+            match next.or_else(|| ready.pop_front()) {
+                Some(s) => op = s,
+                None => {
+                    // After the last op is counted out nothing here may be
+                    // touched (the replay's op may free the graph); the ops
+                    // handed on are not counted out yet, so a thread that
+                    // handed one on is not the last.
+                    let _: Left = self.countdowns.ops_done(done);
                     return;
                 }
             }
