@@ -636,7 +636,18 @@ fn traced_and_tracked_replays_of_device_ops_with_units() {
         assert_eq!(engine.get(&b).wait().unwrap(), 4);
         let trace = engine.trace().unwrap();
         assert!(!trace.ops().is_empty());
-        let _ = trace.to_chrome_json();
+        // The recorded ops' grants and give-backs of `slots` show as they
+        // do for pushed ops: taken (1) and free (0) again, per op run.
+        let slots = trace
+            .resources()
+            .iter()
+            .find(|r| r.name == "slots")
+            .expect("the resource is traced");
+        let taken = slots.in_use.iter().filter(|&&(_, n)| n == 1).count();
+        let freed = slots.in_use.iter().filter(|&&(_, n)| n == 0).count();
+        assert!(taken >= 8 && freed >= 8, "{:?}", slots.in_use);
+        assert!(slots.in_use.iter().all(|&(_, n)| n <= 1));
+        assert!(trace.to_chrome_json().contains("units of slots"));
         let diagnostics = engine.diagnostics();
         assert_eq!(
             diagnostics.ops().map(<[_]>::len),
