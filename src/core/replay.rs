@@ -26,7 +26,7 @@
 //!
 //! | field | written by | read by |
 //! | --- | --- | --- |
-//! | `pending` | `arm` (plain stores, before the replay's ops are released); `satisfy` (`fetch_sub`, unless the count is the caller's alone) | `satisfy` |
+//! | `pending` | `arm` (plain stores, before the replay's ops are released); `satisfy` (`fetch_sub`) | `satisfy` |
 //! | `left` | `arm`; `ops_done` (`fetch_sub`, one op or a thread's run of them) | `ops_done` |
 //! | `waiter` | `arm`, the last `op_done`, `poll_done` (under its lock) | the same |
 
@@ -34,7 +34,7 @@ use std::task::{Context, Poll, Waker};
 
 use crate::loom::sync::Mutex;
 use crate::loom::sync::atomic::AtomicU32;
-use crate::loom::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use crate::loom::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
 
 /// What [`Countdowns::satisfy`] found.
 #[must_use]
@@ -120,20 +120,9 @@ impl Countdowns {
     /// One predecessor of op `op` ended.
     #[inline]
     pub fn satisfy(&self, op: u32) -> Satisfied {
-        let pending = &self.pending[op as usize];
-        // A count of 1 can only be the caller's own (counts only fall, and
-        // the caller has not counted yet): every other predecessor has
-        // ended, and the Acquire sees what it wrote. Then no
-        // read-modify-write is needed, which spares a chain's ops (one
-        // predecessor each) a locked instruction, and the count is left
-        // for the next `arm` to overwrite. A stale larger count only takes
-        // the slow way.
-        if pending.load(Acquire) == 1 {
-            return Satisfied::Ready;
-        }
         // AcqRel: the thread that sees the count reach zero runs the op, and
         // must see what every predecessor wrote.
-        if pending.fetch_sub(1, AcqRel) == 1 {
+        if self.pending[op as usize].fetch_sub(1, AcqRel) == 1 {
             Satisfied::Ready
         } else {
             Satisfied::Waiting
