@@ -98,6 +98,8 @@
 mod allreduce;
 mod bucket;
 mod group;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod overlap;
 #[cfg(feature = "mpi")]
 mod ranks;
