@@ -24,7 +24,9 @@
 //!   all-gather; every chunk step an op), pushed right behind the op that
 //!   writes the bucket's last gradient
 //!   ([`DeviceStep::grad_ready`]), at a priority that makes the first
-//!   layer's go first.
+//!   layer's go first. On CUDA devices, [`Backend::Nccl`] (the `cuda`
+//!   feature) sums a bucket with NCCL instead: one op that issues the
+//!   grouped calls on every GPU (`nccl.rs`).
 //! - **across ranks** (the `mpi` feature,
 //!   `GroupBuilder::across_ranks`): the group spans ranks x local
 //!   devices; each bucket's local reduce-scatter is followed by one MPI

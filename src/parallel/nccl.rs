@@ -27,11 +27,13 @@
 //! 2. the body packs each device's segments into its pinned buffer, and,
 //!    under the communicators' lock, enqueues on each device's NCCL stream a
 //!    copy to the device, the grouped `ncclAllReduce` (in place, sum) and a
-//!    copy back, then a host function (`cuLaunchHostFunc`) that counts the
-//!    device in;
-//! 3. the body awaits: no thread blocks. The last device's host function
-//!    wakes it; it checks for errors (the copies' and NCCL's asynchronous
-//!    ones) and unpacks the sums into every device's segments.
+//!    copy back, then a stream callback (`cuStreamAddCallback`, which,
+//!    unlike `cuLaunchHostFunc`, is called on an error of the context too,
+//!    with the error) that counts the device in;
+//! 3. the body awaits: no thread blocks. The last device's callback wakes
+//!    it; it checks for errors (the callbacks' statuses, NCCL's
+//!    asynchronous ones, the copies') and unpacks the sums into every
+//!    device's segments.
 //!
 //! Why not a stream op on one device, completed by its event: the ops
 //! behind it on that device (the update, which reads the gradient in its
@@ -67,7 +69,7 @@
 //! Never run on a GPU where it was written (no GPU was lent): the GPU test
 //! (`tests/nccl.rs`) skips, saying so, where there is no CUDA device.
 
-// `unsafe`: NCCL calls, pinned memory, and a host function's argument
+// `unsafe`: NCCL calls, pinned memory, and a stream callback's argument
 // passed through the driver; each block says why it is sound.
 #![allow(unsafe_code)]
 
@@ -78,7 +80,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError, PinnedHostSlice, result,
+    CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError, PinnedHostSlice, sys,
 };
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 
@@ -299,8 +301,8 @@ impl Comms {
     }
 
     /// Enqueues on every device's stream: the copy of its pinned buffer to
-    /// the device, the grouped all-reduce, the copy back, and a host
-    /// function counting it into the returned [`Arrivals`]. On an error,
+    /// the device, the grouped all-reduce, the copy back, and a callback
+    /// counting it into the returned [`Arrivals`]. On an error,
     /// the streams are synchronised before it is returned (nothing is left
     /// running on the buffers).
     fn issue(&self, staging: &mut Staging) -> Result<Arc<Arrivals>, String> {
@@ -364,12 +366,14 @@ impl Comms {
             r.stream.memcpy_dtoh(&s.dev, &mut s.host).map_err(cuda)?;
             let arg = Arc::into_raw(arrivals.clone()).cast_mut().cast();
             // SAFETY: `arrived` takes back the `Arc` leaked here exactly once:
-            // the driver calls it once if the launch succeeds; if it fails,
-            // it is taken back below. The stream is alive (the rank's).
-            let launched =
-                unsafe { result::stream::launch_host_function(r.stream.cu_stream(), arrived, arg) };
-            if let Err(e) = launched {
-                // SAFETY: the driver refused the function: it never calls it.
+            // the driver calls it once if this succeeds (on an error of the
+            // stream too, with the error); if it fails, it is taken back
+            // below. The stream is alive (the rank's).
+            let added = unsafe {
+                sys::cuStreamAddCallback(r.stream.cu_stream(), Some(arrived), arg, 0).result()
+            };
+            if let Err(e) = added {
+                // SAFETY: the driver refused the callback: it never calls it.
                 drop(unsafe { Arc::from_raw(arg.cast::<Arrivals>()) });
                 return Err(cuda(e));
             }
@@ -413,11 +417,12 @@ impl Drop for Comms {
     }
 }
 
-/// How many devices' host functions are still to come, and the body to
-/// wake after the last.
+/// How many devices' callbacks are still to come, the body to wake after
+/// the last, and the first error a stream reported.
 struct Arrivals {
     left: AtomicUsize,
     waker: Mutex<Option<Waker>>,
+    failed: Mutex<Option<sys::CUresult>>,
 }
 
 impl Arrivals {
@@ -425,10 +430,15 @@ impl Arrivals {
         Self {
             left: AtomicUsize::new(n),
             waker: Mutex::new(None),
+            failed: Mutex::new(None),
         }
     }
 
-    fn arrive(&self) {
+    fn arrive(&self, status: sys::CUresult) {
+        if status != sys::CUresult::CUDA_SUCCESS {
+            let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+            failed.get_or_insert(status);
+        }
         if self.left.fetch_sub(1, AcqRel) == 1 {
             let waker = self
                 .waker
@@ -438,9 +448,14 @@ impl Arrivals {
             waker.into_iter().for_each(Waker::wake);
         }
     }
+
+    /// The first error a stream reported, once every device arrived.
+    fn failure(&self) -> Option<sys::CUresult> {
+        *self.failed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
-/// Resolves once every device's host function ran.
+/// Resolves once every device's callback ran.
 struct Arrived(Arc<Arrivals>);
 
 impl Future for Arrived {
@@ -459,13 +474,18 @@ impl Future for Arrived {
     }
 }
 
-/// A host function (`cuLaunchHostFunc`): counts a device in. Calls no CUDA
-/// (waking the body only schedules it on its executor).
-unsafe extern "C" fn arrived(arg: *mut std::ffi::c_void) {
+/// A stream callback (`cuStreamAddCallback`): counts a device in, with
+/// its stream's status. Calls no CUDA (waking the body only schedules it on
+/// its executor).
+unsafe extern "C" fn arrived(
+    _stream: sys::CUstream,
+    status: sys::CUresult,
+    arg: *mut std::ffi::c_void,
+) {
     // SAFETY: `arg` is the `Arc` leaked by `Comms::enqueue`, passed once.
     let arrivals = unsafe { Arc::from_raw(arg.cast::<Arrivals>()) };
     // Nothing may unwind into the driver's thread.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arrivals.arrive()));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arrivals.arrive(status)));
 }
 
 /// One device's buffers: pinned host memory and device memory of the
@@ -603,14 +623,17 @@ impl Nccl {
             }
             let arrivals = held.comms.issue(staging).map_err(fail)?;
             held.in_flight = true;
-            Arrived(arrivals).await;
+            Arrived(arrivals.clone()).await;
             held.in_flight = false;
+            if let Some(e) = arrivals.failure() {
+                return Err(fail(format!("CUDA: {}", driver_message(DriverError(e)))));
+            }
             if let Some(m) = held.comms.async_error() {
                 return Err(fail(format!("NCCL: {m}")));
             }
             let staging = held.staging.as_mut().expect("held until the drop");
             for (d, keys) in keys.iter().enumerate() {
-                // Done already (the host function ran after the copy back):
+                // Done already (the callback ran after the copy back):
                 // this reports the copy's error, if any.
                 let host = staging.0[d]
                     .host
@@ -660,14 +683,20 @@ mod tests {
                     std::thread::spawn(move || {
                         std::thread::yield_now();
                         // SAFETY: `arg` is a leaked `Arc<Arrivals>`, passed once.
-                        unsafe { arrived(arg as *mut std::ffi::c_void) };
+                        unsafe {
+                            arrived(
+                                std::ptr::null_mut(),
+                                sys::CUresult::CUDA_SUCCESS,
+                                arg as *mut std::ffi::c_void,
+                            )
+                        };
                     })
                 })
                 .collect();
             futures::executor::block_on(Arrived(arrivals.clone()));
             assert_eq!(arrivals.left.load(std::sync::atomic::Ordering::SeqCst), 0);
             threads.into_iter().for_each(|t| t.join().unwrap());
-            // Every host function gave its `Arc` back.
+            // Every callback gave its `Arc` back.
             assert_eq!(Arc::strong_count(&arrivals), 1);
         }
     }
@@ -675,12 +704,17 @@ mod tests {
     #[test]
     fn arrivals_not_all_in_leave_the_body_pending() {
         let arrivals = Arc::new(Arrivals::new(2));
-        arrivals.arrive();
+        arrivals.arrive(sys::CUresult::CUDA_SUCCESS);
         let mut body = Arrived(arrivals.clone());
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(Pin::new(&mut body).poll(&mut cx).is_pending());
-        arrivals.arrive();
+        // A failed stream arrives too, with its error.
+        arrivals.arrive(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED);
         assert!(Pin::new(&mut body).poll(&mut cx).is_ready());
+        assert_eq!(
+            arrivals.failure(),
+            Some(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED)
+        );
     }
 }
