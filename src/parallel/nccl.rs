@@ -80,7 +80,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError, PinnedHostSlice, sys,
+    CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError, PinnedHostSlice, result, sys,
 };
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 
@@ -201,6 +201,32 @@ fn driver_message(e: DriverError) -> String {
     }
 }
 
+/// Puts back, when dropped, the context that was current on the calling
+/// thread: the backend binds its devices' contexts on whatever thread runs
+/// it (a pool worker, the user's thread), whose own code may rely on the one
+/// it had bound (to drop a `CudaSlice`, say).
+struct KeepContext(Option<sys::CUcontext>);
+
+impl KeepContext {
+    fn new() -> Self {
+        Self(
+            result::ctx::get_current()
+                .ok()
+                .map(|c| c.unwrap_or(std::ptr::null_mut())),
+        )
+    }
+}
+
+impl Drop for KeepContext {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            // SAFETY: `c` was current on this thread (or null: none was),
+            // and stays retained by whoever made it current.
+            let _ = unsafe { result::ctx::set_current(c) };
+        }
+    }
+}
+
 /// A communicator of NCCL's: used only under [`Comms`]'s lock, destroyed
 /// once by its drop.
 struct RawComm(nccl_sys::ncclComm_t);
@@ -306,6 +332,7 @@ impl Comms {
     /// the streams are synchronised before it is returned (nothing is left
     /// running on the buffers).
     fn issue(&self, staging: &mut Staging) -> Result<Arc<Arrivals>, String> {
+        let _keep = KeepContext::new();
         let mut broken = self.issue.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = &*broken {
             return Err(format!("the NCCL communicators failed earlier: {m}"));
@@ -383,6 +410,7 @@ impl Comms {
 
     /// Waits for every rank's stream (an error path, or a drop).
     fn synchronize(&self) {
+        let _keep = KeepContext::new();
         for r in &self.ranks {
             let _ = r.ctx.bind_to_thread();
             let _ = r.stream.synchronize();
@@ -570,7 +598,9 @@ impl Nccl {
     /// The plan over `devices` for `len` floats: the communicators (shared),
     /// the staging (its own).
     pub(super) fn new(engine: &Engine, devices: &[Device], len: usize) -> Result<Self, Error> {
-        let comms = Comms::get(&ordinals(engine, devices)?)?;
+        let ordinals = ordinals(engine, devices)?;
+        let _keep = KeepContext::new();
+        let comms = Comms::get(&ordinals)?;
         let staging = Staging::new(&comms, len).map_err(|m| {
             Error::Parallel(format!(
                 "Backend::Nccl: allocating {len} floats per device: {m}"
@@ -608,6 +638,7 @@ impl Nccl {
                 in_flight: false,
             };
             let staging = held.staging.as_mut().expect("just put");
+            let keep = KeepContext::new();
             for (d, keys) in keys.iter().enumerate() {
                 let host = staging.0[d]
                     .host
@@ -621,6 +652,7 @@ impl Nccl {
                     at += len;
                 }
             }
+            drop(keep);
             let arrivals = held.comms.issue(staging).map_err(fail)?;
             held.in_flight = true;
             Arrived(arrivals.clone()).await;
@@ -632,6 +664,7 @@ impl Nccl {
                 return Err(fail(format!("NCCL: {m}")));
             }
             let staging = held.staging.as_mut().expect("held until the drop");
+            let _keep = KeepContext::new();
             for (d, keys) in keys.iter().enumerate() {
                 // Done already (the callback ran after the copy back):
                 // this reports the copy's error, if any.
