@@ -263,3 +263,76 @@ fn a_group_steps_with_nccl_on_every_gpu() {
         assert_eq!(group.weights(b, d).unwrap(), want_b, "device {d}");
     }
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_over_device_memory_is_refused_off_cuda() {
+    use depflow::parallel::NcclAllReduce;
+    let (engine, devices) = engine(2, |_| Executor::pool(1));
+    let got = NcclAllReduce::new(&engine, &devices, Vec::new(), 4);
+    let Err(Error::Parallel(m)) = got else {
+        panic!("NcclAllReduce over CPU devices: {got:?}");
+    };
+    assert!(m.contains("device 0 (`d0`) runs on the host"), "{m}");
+    let got = NcclAllReduce::new(&engine, &[], Vec::new(), 4);
+    let Err(Error::Parallel(m)) = got else {
+        panic!("NcclAllReduce over no devices: {got:?}");
+    };
+    assert!(m.contains("no devices"), "{m}");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_sums_device_memory_over_one_to_every_gpu() {
+    use cudarc::driver::CudaContext;
+    use depflow::parallel::NcclAllReduce;
+    let count = gpus("nccl_sums_device_memory_over_one_to_every_gpu");
+    for n in 1..=count {
+        let (engine, devices) = engine(n, |d| Executor::cuda(d, 1));
+        let ctxs: Vec<_> = (0..n)
+            .map(|d| {
+                let ctx = CudaContext::new(d).unwrap();
+                // SAFETY: the engine orders these buffers (which is what
+                // this tests); the test's copies synchronise.
+                unsafe { ctx.disable_event_tracking() };
+                ctx
+            })
+            .collect();
+        let len = 1000;
+        // Small integers: any order of the sum gives the same bits.
+        let value = |d: usize, i: usize| ((d + 1) * 100 + i % 7) as f32;
+        let buffers: Vec<_> = ctxs
+            .iter()
+            .enumerate()
+            .map(|(d, ctx)| {
+                let s = ctx.default_stream();
+                let host: Vec<f32> = (0..len).map(|i| value(d, i)).collect();
+                let x = s.clone_htod(&host).unwrap();
+                s.synchronize().unwrap();
+                engine.var(x)
+            })
+            .collect();
+        let sum = NcclAllReduce::new(&engine, &devices, buffers.clone(), len).unwrap();
+        // Twice: the second sums the first's sums.
+        sum.push(&engine, 0).unwrap();
+        sum.push(&engine, 0).unwrap();
+        let want: Vec<f32> = (0..len)
+            .map(|i| (0..n).map(|d| value(d, i)).sum::<f32>() * n as f32)
+            .collect();
+        for (d, b) in buffers.iter().enumerate() {
+            let (ctx, k) = (ctxs[d].clone(), b.key());
+            // A host op waits for the all-reduce's fence.
+            let got = engine
+                .push(&[b], &[], move |c| {
+                    let s = ctx.default_stream();
+                    let got = s.clone_dtoh(&*c.read(k)?).map_err(|e| format!("{e:?}"))?;
+                    Ok(got)
+                })
+                .unwrap()
+                .wait()
+                .unwrap();
+            assert_eq!(got, want, "{n} GPU(s), device {d}");
+        }
+        engine.wait_all().wait().unwrap();
+    }
+}

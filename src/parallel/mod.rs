@@ -102,6 +102,8 @@ mod bucket;
 mod group;
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(feature = "cuda")]
+mod nccl_slices;
 mod overlap;
 #[cfg(feature = "mpi")]
 mod ranks;
@@ -112,6 +114,8 @@ mod update;
 
 pub use allreduce::{AllReduce, Backend};
 pub use group::{DEFAULT_BUCKET_BYTES, Group, GroupBuilder, Param};
+#[cfg(feature = "cuda")]
+pub use nccl_slices::NcclAllReduce;
 pub use overlap::Overlap;
 pub use ring::{chunk_range, serial_sum};
 pub use step::DeviceStep;

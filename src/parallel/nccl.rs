@@ -194,7 +194,7 @@ fn nccl_message(r: nccl_sys::ncclResult_t) -> String {
     format!("{r:?}: {}", s.to_string_lossy())
 }
 
-fn driver_message(e: DriverError) -> String {
+pub(super) fn driver_message(e: DriverError) -> String {
     match e.error_string() {
         Ok(s) => format!("{:?}: {}", e.0, s.to_string_lossy()),
         Err(_) => format!("{:?}", e.0),
@@ -205,10 +205,10 @@ fn driver_message(e: DriverError) -> String {
 /// thread: the backend binds its devices' contexts on whatever thread runs
 /// it (a pool worker, the user's thread), whose own code may rely on the one
 /// it had bound (to drop a `CudaSlice`, say).
-struct KeepContext(Option<sys::CUcontext>);
+pub(super) struct KeepContext(Option<sys::CUcontext>);
 
 impl KeepContext {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(
             result::ctx::get_current()
                 .ok()
@@ -326,71 +326,66 @@ impl Comms {
         })
     }
 
-    /// Enqueues on every device's stream: the copy of its pinned buffer to
-    /// the device, the grouped all-reduce, the copy back, and a callback
-    /// counting it into the returned [`Arrivals`]. On an error,
-    /// the streams are synchronised before it is returned (nothing is left
-    /// running on the buffers).
-    fn issue(&self, staging: &mut Staging) -> Result<Arc<Arrivals>, String> {
-        let _keep = KeepContext::new();
-        let mut broken = self.issue.lock().unwrap_or_else(PoisonError::into_inner);
+    /// The communicators, to issue on (under their lock), unless an NCCL
+    /// call failed earlier.
+    pub(super) fn lock(&self) -> Result<Issuing<'_>, String> {
+        let broken = self.issue.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = &*broken {
             return Err(format!("the NCCL communicators failed earlier: {m}"));
         }
-        let arrivals = Arc::new(Arrivals::new(self.ranks.len()));
-        let issued = self.enqueue(staging, &arrivals);
-        if let Err((m, nccl_failed)) = &issued {
-            self.synchronize();
-            if *nccl_failed {
-                *broken = Some(m.clone());
-            }
-        }
-        issued.map(|()| arrivals).map_err(|(m, _)| m)
+        Ok(Issuing {
+            comms: self,
+            broken,
+        })
     }
 
-    /// [`issue`](Self::issue)'s calls; an error says whether NCCL's.
+    /// Device `d`'s NCCL stream.
+    pub(super) fn stream(&self, d: usize) -> &Arc<CudaStream> {
+        &self.ranks[d].stream
+    }
+
+    /// Enqueues on every device's stream: the copy of its pinned buffer to
+    /// the device, the grouped all-reduce, the copy back, and a callback
+    /// counting it into the returned [`Arrivals`]. On an error, the streams
+    /// are synchronised before it is returned (nothing is left running on
+    /// the buffers).
+    fn issue(&self, staging: &mut Staging) -> Result<Arc<Arrivals>, String> {
+        let _keep = KeepContext::new();
+        let mut issuing = self.lock()?;
+        let arrivals = Arc::new(Arrivals::new(self.ranks.len()));
+        let issued = self.enqueue(&mut issuing, staging, &arrivals);
+        if issued.is_err() {
+            self.synchronize();
+        }
+        issued.map(|()| arrivals)
+    }
+
+    /// [`issue`](Self::issue)'s calls.
     fn enqueue(
         &self,
+        issuing: &mut Issuing<'_>,
         staging: &mut Staging,
         arrivals: &Arc<Arrivals>,
-    ) -> Result<(), (String, bool)> {
-        let cuda = |e| (driver_message(e), false);
+    ) -> Result<(), String> {
         for (r, s) in self.ranks.iter().zip(&mut staging.0) {
-            r.stream.memcpy_htod(&s.host, &mut s.dev).map_err(cuda)?;
+            r.stream
+                .memcpy_htod(&s.host, &mut s.dev)
+                .map_err(driver_message)?;
         }
-        let nccl_error =
-            |what: &str, e: nccl::NcclError| (format!("{what}: {}", nccl_message(e.0)), true);
-        nccl::group_start().map_err(|e| nccl_error("ncclGroupStart", e))?;
-        let mut called = Ok(());
+        let ptrs: Vec<_> = self
+            .ranks
+            .iter()
+            .zip(&mut staging.0)
+            .map(|(r, s)| s.dev.device_ptr_mut(&r.stream).0)
+            .collect();
+        // SAFETY: each pointer is the device buffer of its rank's staging,
+        // `len` floats, alive until the streams are done with it (the staging
+        // is put back only then).
+        unsafe { issuing.all_reduce(&ptrs, staging.len()) }?;
         for (r, s) in self.ranks.iter().zip(&mut staging.0) {
-            let len = s.dev.len();
-            let (ptr, _sync) = s.dev.device_ptr_mut(&r.stream);
-            // SAFETY: `ptr` is `len` floats of device memory on the rank's
-            // GPU, alive until the streams are done with it (the staging is
-            // put back only then); in place, which NCCL allows; the comm and
-            // the stream are the rank's.
-            let r = unsafe {
-                nccl::all_reduce(
-                    ptr as *const std::ffi::c_void,
-                    ptr as *mut std::ffi::c_void,
-                    len,
-                    nccl_sys::ncclDataType_t::ncclFloat32,
-                    nccl_sys::ncclRedOp_t::ncclSum,
-                    r.comm.0,
-                    r.stream.cu_stream() as nccl_sys::cudaStream_t,
-                )
-            };
-            if let Err(e) = r {
-                called = Err(nccl_error("ncclAllReduce", e));
-                break;
-            }
-        }
-        // Always closed, even after a failed call: an open group swallows
-        // every later NCCL call of this thread.
-        let ended = nccl::group_end().map_err(|e| nccl_error("ncclGroupEnd", e));
-        called.and(ended)?;
-        for (r, s) in self.ranks.iter().zip(&mut staging.0) {
-            r.stream.memcpy_dtoh(&s.dev, &mut s.host).map_err(cuda)?;
+            r.stream
+                .memcpy_dtoh(&s.dev, &mut s.host)
+                .map_err(driver_message)?;
             let arg = Arc::into_raw(arrivals.clone()).cast_mut().cast();
             // SAFETY: `arrived` takes back the `Arc` leaked here exactly once:
             // the driver calls it once if this succeeds (on an error of the
@@ -402,14 +397,14 @@ impl Comms {
             if let Err(e) = added {
                 // SAFETY: the driver refused the callback: it never calls it.
                 drop(unsafe { Arc::from_raw(arg.cast::<Arrivals>()) });
-                return Err(cuda(e));
+                return Err(driver_message(e));
             }
         }
         Ok(())
     }
 
     /// Waits for every rank's stream (an error path, or a drop).
-    fn synchronize(&self) {
+    pub(super) fn synchronize(&self) {
         let _keep = KeepContext::new();
         for r in &self.ranks {
             let _ = r.ctx.bind_to_thread();
@@ -418,7 +413,7 @@ impl Comms {
     }
 
     /// NCCL's asynchronous errors of the communicators, if any.
-    fn async_error(&self) -> Option<String> {
+    pub(super) fn async_error(&self) -> Option<String> {
         for (i, r) in self.ranks.iter().enumerate() {
             let mut e = nccl_sys::ncclResult_t::ncclSuccess;
             // SAFETY: the comm is alive; `e` is a valid place for the answer.
@@ -442,6 +437,66 @@ impl Drop for Comms {
             // enqueued on it any more (synchronised above).
             let _ = unsafe { nccl::comm_destroy(r.comm.0) };
         }
+    }
+}
+
+/// The communicators, locked for one thread to issue on.
+pub(super) struct Issuing<'a> {
+    comms: &'a Comms,
+    broken: std::sync::MutexGuard<'a, Option<String>>,
+}
+
+impl Issuing<'_> {
+    /// One in-place `ncclAllReduce` (sum) of `len` floats per rank, at
+    /// `ptrs[rank]`, on each rank's stream, between `ncclGroupStart` and
+    /// `ncclGroupEnd` (from one thread, the calls of all ranks must be
+    /// grouped: each would wait for the others). An NCCL error marks the
+    /// communicators failed: every later use fails so.
+    ///
+    /// # Safety
+    ///
+    /// `ptrs[rank]` is `len` floats of device memory on that rank's GPU,
+    /// alive and not used by other work until the rank's stream has run
+    /// what is enqueued here.
+    pub(super) unsafe fn all_reduce(
+        &mut self,
+        ptrs: &[sys::CUdeviceptr],
+        len: usize,
+    ) -> Result<(), String> {
+        let called = self.grouped(ptrs, len);
+        if let Err(m) = &called {
+            *self.broken = Some(m.clone());
+        }
+        called
+    }
+
+    fn grouped(&self, ptrs: &[sys::CUdeviceptr], len: usize) -> Result<(), String> {
+        let error = |what: &str, e: nccl::NcclError| format!("{what}: {}", nccl_message(e.0));
+        nccl::group_start().map_err(|e| error("ncclGroupStart", e))?;
+        let mut called = Ok(());
+        for (r, &ptr) in self.comms.ranks.iter().zip(ptrs) {
+            // SAFETY: the caller's (`all_reduce`'s contract); in place, which
+            // NCCL allows; the comm and the stream are the rank's.
+            let r = unsafe {
+                nccl::all_reduce(
+                    ptr as *const std::ffi::c_void,
+                    ptr as *mut std::ffi::c_void,
+                    len,
+                    nccl_sys::ncclDataType_t::ncclFloat32,
+                    nccl_sys::ncclRedOp_t::ncclSum,
+                    r.comm.0,
+                    r.stream.cu_stream() as nccl_sys::cudaStream_t,
+                )
+            };
+            if let Err(e) = r {
+                called = Err(error("ncclAllReduce", e));
+                break;
+            }
+        }
+        // Always closed, even after a failed call: an open group swallows
+        // every later NCCL call of this thread.
+        let ended = nccl::group_end().map_err(|e| error("ncclGroupEnd", e));
+        called.and(ended.map(drop))
     }
 }
 
@@ -536,6 +591,11 @@ impl Drop for Staged {
 struct Staging(Vec<Staged>);
 
 impl Staging {
+    /// The floats per device.
+    fn len(&self) -> usize {
+        self.0.first().map_or(0, |s| s.dev.len())
+    }
+
     fn new(comms: &Comms, len: usize) -> Result<Self, String> {
         let mut staged = Vec::with_capacity(comms.ranks.len());
         for r in &comms.ranks {
