@@ -26,7 +26,8 @@
 //!   ([`DeviceStep::grad_ready`]), at a priority that makes the first
 //!   layer's go first. On CUDA devices, [`Backend::Nccl`] (the `cuda`
 //!   feature) sums a bucket with NCCL instead: one op that issues the
-//!   grouped calls on every GPU (`nccl.rs`).
+//!   grouped calls on every GPU (`nccl.rs`); `NcclAllReduce` sums buffers
+//!   of device memory with NCCL, as one stream op.
 //! - **across ranks** (the `mpi` feature,
 //!   `GroupBuilder::across_ranks`): the group spans ranks x local
 //!   devices; each bucket's local reduce-scatter is followed by one MPI
