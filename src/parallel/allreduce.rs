@@ -68,7 +68,9 @@ pub enum Backend {
     /// [`Ring`](Self::Ring) there).
     ///
     /// Refused with [`Error::Parallel`] when building the all-reduce (for a
-    /// [`Group`](super::Group): at its first step) where it cannot run.
+    /// [`Group`](super::Group): at its first step) where it cannot run. A
+    /// group with [`Update::Host`](super::Update::Host) sums on the host
+    /// whatever the backend, as with the ring.
     /// Written without a GPU to run it on: its GPU test skips where there is
     /// no CUDA device.
     Nccl,

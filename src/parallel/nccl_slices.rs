@@ -32,6 +32,10 @@
 //! The buffers' cudarc event tracking is not used (the engine orders them:
 //! see `Stream::cuda`'s docs): keep it off on the context they come from.
 //! NCCL's asynchronous errors surface at the next push (its op fails).
+//! A buffer is freed where its `CudaSlice` drops, with that thread's
+//! current context (cudarc's rule): keep the variables' handles until the
+//! ops on them are done, so that the values drop on your thread (bind the
+//! buffer's context there), not on the first device's poller.
 //! Never run on a GPU where it was written (no GPU was lent).
 
 // `unsafe`: CUDA events between the engine's lane and NCCL's streams, and
@@ -49,8 +53,26 @@ use crate::engine::Engine;
 use crate::error::Error;
 
 /// An all-reduce (sum) of one `f32` buffer of device memory per CUDA
-/// device, by NCCL, pushed as one stream op (module docs in the source).
-/// Set up once, pushed as often as wanted.
+/// device, by NCCL (the `cuda` feature). Set up once, pushed as often as
+/// wanted.
+///
+/// A push is one stream op on the first device's compute lane 0 that
+/// mutates every buffer: it issues the grouped in-place `ncclAllReduce` on
+/// a stream of each GPU (after the first device's earlier work on the
+/// buffers; the others' earlier work is waited for, parked, before), and
+/// makes its lane wait for each of them, so that its fence (and with it
+/// every later op on the buffers) waits for every GPU's part. No thread
+/// blocks. The sum's order is NCCL's: the same bits on every device.
+///
+/// - The engine orders the buffers, not cudarc's events: keep event
+///   tracking off on the context they come from (see
+///   `Stream::cuda`'s docs, `cuda` feature).
+/// - A buffer is freed where its `CudaSlice` drops, with that thread's
+///   current context: keep the variables' handles until their ops are done,
+///   so that the values drop on your thread.
+/// - NCCL's asynchronous errors fail the next push's op.
+/// - Written and built without a GPU to run it on: its GPU test
+///   (`tests/nccl.rs`) skips where there is no CUDA device.
 ///
 /// ```no_run
 /// use depflow::parallel::NcclAllReduce;
