@@ -73,11 +73,7 @@
 // passed through the driver; each block says why it is sound.
 #![allow(unsafe_code)]
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering::AcqRel};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll, Waker};
 
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError, PinnedHostSlice, result, sys,
@@ -500,62 +496,9 @@ impl Issuing<'_> {
     }
 }
 
-/// How many devices' callbacks are still to come, the body to wake after
-/// the last, and the first error a stream reported.
-struct Arrivals {
-    left: AtomicUsize,
-    waker: Mutex<Option<Waker>>,
-    failed: Mutex<Option<sys::CUresult>>,
-}
-
-impl Arrivals {
-    fn new(n: usize) -> Self {
-        Self {
-            left: AtomicUsize::new(n),
-            waker: Mutex::new(None),
-            failed: Mutex::new(None),
-        }
-    }
-
-    fn arrive(&self, status: sys::CUresult) {
-        if status != sys::CUresult::CUDA_SUCCESS {
-            let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
-            failed.get_or_insert(status);
-        }
-        if self.left.fetch_sub(1, AcqRel) == 1 {
-            let waker = self
-                .waker
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            waker.into_iter().for_each(Waker::wake);
-        }
-    }
-
-    /// The first error a stream reported, once every device arrived.
-    fn failure(&self) -> Option<sys::CUresult> {
-        *self.failed.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Resolves once every device's callback ran.
-struct Arrived(Arc<Arrivals>);
-
-impl Future for Arrived {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let a = &self.0;
-        // The waker first, then the count: an arrival between the two finds
-        // the waker.
-        *a.waker.lock().unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
-        if a.left.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    }
-}
+/// The devices' callbacks still to come, the first error a stream
+/// reported, and the body awaiting the last (`core::arrivals`).
+type Arrivals = crate::core::arrivals::Arrivals<sys::CUresult>;
 
 /// A stream callback (`cuStreamAddCallback`): counts a device in, with
 /// its stream's status. Calls no CUDA (waking the body only schedules it on
@@ -568,7 +511,8 @@ unsafe extern "C" fn arrived(
     // SAFETY: `arg` is the `Arc` leaked by `Comms::enqueue`, passed once.
     let arrivals = unsafe { Arc::from_raw(arg.cast::<Arrivals>()) };
     // Nothing may unwind into the driver's thread.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arrivals.arrive(status)));
+    let failure = (status != sys::CUresult::CUDA_SUCCESS).then_some(status);
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arrivals.arrive(failure)));
 }
 
 /// One device's buffers: pinned host memory and device memory of the
@@ -715,9 +659,9 @@ impl Nccl {
             drop(keep);
             let arrivals = held.comms.issue(staging).map_err(fail)?;
             held.in_flight = true;
-            Arrived(arrivals.clone()).await;
+            let failed = std::future::poll_fn(|cx| arrivals.poll_arrived(cx)).await;
             held.in_flight = false;
-            if let Some(e) = arrivals.failure() {
+            if let Some(e) = failed {
                 return Err(fail(format!("CUDA: {}", driver_message(DriverError(e)))));
             }
             if let Some(m) = held.comms.async_error() {
@@ -765,49 +709,28 @@ mod tests {
     }
 
     #[test]
-    fn the_last_arrival_wakes_the_body_once_every_device_arrived() {
-        for n in 1..=4 {
-            let arrivals = Arc::new(Arrivals::new(n));
-            let threads: Vec<_> = (0..n)
-                .map(|_| {
-                    // As the driver would: the leaked `Arc`, through the host
-                    // function.
-                    let arg = Arc::into_raw(arrivals.clone()) as usize;
-                    std::thread::spawn(move || {
-                        std::thread::yield_now();
-                        // SAFETY: `arg` is a leaked `Arc<Arrivals>`, passed once.
-                        unsafe {
-                            arrived(
-                                std::ptr::null_mut(),
-                                sys::CUresult::CUDA_SUCCESS,
-                                arg as *mut std::ffi::c_void,
-                            )
-                        };
-                    })
-                })
-                .collect();
-            futures::executor::block_on(Arrived(arrivals.clone()));
-            assert_eq!(arrivals.left.load(std::sync::atomic::Ordering::SeqCst), 0);
-            threads.into_iter().for_each(|t| t.join().unwrap());
-            // Every callback gave its `Arc` back.
-            assert_eq!(Arc::strong_count(&arrivals), 1);
-        }
-    }
-
-    #[test]
-    fn arrivals_not_all_in_leave_the_body_pending() {
+    fn the_callback_counts_its_device_in_and_gives_its_arc_back() {
         let arrivals = Arc::new(Arrivals::new(2));
-        arrivals.arrive(sys::CUresult::CUDA_SUCCESS);
-        let mut body = Arrived(arrivals.clone());
+        let call = |status| {
+            // As the driver would: the `Arc` leaked by `enqueue`.
+            let arg = Arc::into_raw(arrivals.clone()).cast_mut().cast();
+            // SAFETY: `arg` is a leaked `Arc<Arrivals>`, passed once.
+            unsafe { arrived(std::ptr::null_mut(), status, arg) };
+        };
         let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        assert!(Pin::new(&mut body).poll(&mut cx).is_pending());
-        // A failed stream arrives too, with its error.
-        arrivals.arrive(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED);
-        assert!(Pin::new(&mut body).poll(&mut cx).is_ready());
+        let mut cx = std::task::Context::from_waker(&waker);
+        call(sys::CUresult::CUDA_SUCCESS);
+        assert!(arrivals.poll_arrived(&mut cx).is_pending());
+        // A failed stream's callback arrives too, with its error.
+        call(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED);
         assert_eq!(
-            arrivals.failure(),
-            Some(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED)
+            arrivals.poll_arrived(&mut cx),
+            std::task::Poll::Ready(Some(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED))
+        );
+        assert_eq!(
+            Arc::strong_count(&arrivals),
+            1,
+            "every callback gave its Arc back"
         );
     }
 }
