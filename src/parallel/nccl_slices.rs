@@ -50,7 +50,7 @@ use super::nccl::{Comms, KeepContext, driver_message, ordinals};
 use crate::dep::{Device, Var, VarKey};
 use crate::device::Lane;
 use crate::engine::Engine;
-use crate::error::Error;
+use crate::error::{BoxError, Error};
 
 /// An all-reduce (sum) of one `f32` buffer of device memory per CUDA
 /// device, by NCCL (the `cuda` feature). Set up once, pushed as often as
@@ -201,7 +201,7 @@ impl NcclAllReduce {
             unsafe { enqueue(&comms, &lane, &ptrs, len) }.map_err(|m| {
                 // Nothing may run on the buffers behind the op's back.
                 comms.synchronize();
-                Box::new(Error::Parallel(m)) as crate::BoxError
+                Box::new(Error::Parallel(m)) as BoxError
             })
         })?;
         Ok(())
