@@ -151,7 +151,7 @@ impl NcclAllReduce {
     }
 
     /// Pushes one all-reduce of the buffers' current values, at `priority`:
-    /// one op on the first device's compute lane 0 (module docs). It fails
+    /// one op on the first device's compute lane 0 (see the type's docs). It fails
     /// (poisoning every buffer) if a buffer's length is not the one
     /// declared, or on an NCCL or CUDA error.
     ///
@@ -181,6 +181,8 @@ impl NcclAllReduce {
                 .cuda()
                 .ok_or_else(|| Error::Parallel("not a CUDA device".into()))?
                 .clone();
+            // The launcher keeps the engine's context current: put it back.
+            let _keep = KeepContext::new();
             let mut ptrs = Vec::with_capacity(keys.len());
             for (d, &k) in keys.iter().enumerate() {
                 let mut b = ctx.write(k)?;
@@ -194,7 +196,6 @@ impl NcclAllReduce {
                 // The engine orders the buffers, not cudarc's events (off).
                 ptrs.push(b.device_ptr_mut(comms.stream(d)).0);
             }
-            let _keep = KeepContext::new();
             // SAFETY: each pointer is its device's buffer, `len` floats, held
             // by a variable this op mutates: nothing else uses it until the
             // op's fence, which waits for every NCCL stream (below).
