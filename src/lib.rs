@@ -233,6 +233,7 @@ pub struct ReadmeDoctests;
 #[doc(hidden)]
 pub mod __loom {
     pub use crate::core::anchor::Anchor;
+    pub use crate::core::arrivals::Arrivals;
     pub use crate::core::chain::{Chain, Edge, Grant, Owner};
     pub use crate::core::countdown::Countdown;
     pub use crate::core::fence::{Fence, VarFences};

@@ -11,6 +11,7 @@
 //! | [`room`] | when a producer may push again under a bound on ops in flight |
 //! | [`tickets`] | who gets counted units, in which order, without deadlock |
 //! | [`fence`] | when device work is done, and who waits for it |
+//! | [`arrivals`] | when the last of `n` parties (a GPU's callback, each) has arrived, and the first failure among them |
 //! | [`few`] | (plain data) the small inline list the other layers share |
 //!
 //! May import: `crate::loom` only. Knows no op, executor, device, resource
@@ -18,6 +19,8 @@
 //! loom models in `loom-tests/` drive these very types with their own.
 
 pub(crate) mod anchor;
+#[cfg(any(feature = "cuda", loom, test))]
+pub(crate) mod arrivals;
 pub(crate) mod chain;
 pub(crate) mod countdown;
 pub(crate) mod fence;

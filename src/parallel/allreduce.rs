@@ -34,7 +34,9 @@
 //!
 //! The backend is an enum so that other ways of reducing (across processes,
 //! through an MPI communicator) can be added as variants, with the same
-//! pack/unpack around them.
+//! pack/unpack around them. [`Backend::Nccl`] (CUDA devices, the `cuda`
+//! feature) is the exception: one op per push, which packs, sums through
+//! NCCL on the GPUs and unpacks (`nccl.rs`).
 
 use std::sync::Arc;
 
@@ -54,6 +56,49 @@ pub enum Backend {
     /// sum's order is [`serial_sum`](super::serial_sum)'s.
     #[default]
     Ring,
+    /// NCCL's all-reduce on the GPUs (the `cuda` feature; every device a
+    /// CUDA device, one per GPU, and the NCCL library loadable at run
+    /// time): one op per push, on the engine's default device, which packs
+    /// every device's segments, sums them with one grouped `ncclAllReduce`
+    /// per device (in device memory, on streams of its own) and unpacks the
+    /// sums, awaiting the GPUs without blocking a thread. Even over one
+    /// device it goes through NCCL (a one-rank all-reduce). The sum's order
+    /// is NCCL's: the same bits on every device, not
+    /// [`serial_sum`](super::serial_sum)'s. Not across ranks (use
+    /// [`Ring`](Self::Ring) there).
+    ///
+    /// Refused with [`Error::Parallel`] when building the all-reduce (for a
+    /// [`Group`](super::Group): at its first step) where it cannot run. A
+    /// group with [`Update::Host`](super::Update::Host) sums on the host
+    /// whatever the backend, as with the ring.
+    /// Written without a GPU to run it on: its GPU test skips where there is
+    /// no CUDA device.
+    Nccl,
+}
+
+impl Backend {
+    /// [`Nccl`](Self::Nccl) where it can run (the `cuda` feature, two or
+    /// more devices, all CUDA devices on distinct GPUs, the NCCL library
+    /// loadable), [`Ring`](Self::Ring) otherwise. Pushes one empty op per
+    /// device to find out what it is, and waits for it.
+    ///
+    /// ```
+    /// use depflow::parallel::Backend;
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let engine = Engine::builder().device("a", Executor::pool(1)).build()?;
+    /// let devices = [engine.default_device(), engine.device("a").unwrap()];
+    /// assert_eq!(Backend::auto(&engine, &devices), Backend::Ring);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn auto(engine: &Engine, devices: &[Device]) -> Backend {
+        #[cfg(feature = "cuda")]
+        if devices.len() > 1 && super::nccl::ordinals(engine, devices).is_ok() {
+            return Backend::Nccl;
+        }
+        let _ = (engine, devices);
+        Backend::Ring
+    }
 }
 
 /// The plan of one backend for one buffer.
@@ -62,6 +107,8 @@ enum Plan {
     /// One device: the sum is the buffer; nothing to push.
     Alone,
     Ring(Ring),
+    #[cfg(feature = "cuda")]
+    Nccl(super::nccl::Nccl),
 }
 
 type Key = VarKey<Vec<f32>>;
@@ -185,6 +232,7 @@ impl AllReduce {
         }
         let len = lens.iter().sum();
         let plan = match (backend, devices.len()) {
+            (Backend::Nccl, _) => nccl_plan(engine, devices, len, spans_ranks)?,
             (_, 1) if !spans_ranks => Plan::Alone,
             (Backend::Ring, _) => Plan::Ring(Ring::new(engine, devices.to_vec(), len)),
         };
@@ -224,6 +272,10 @@ impl AllReduce {
         let ring = match &self.plan {
             Plan::Alone => return Ok(()),
             Plan::Ring(ring) => ring,
+            #[cfg(feature = "cuda")]
+            Plan::Nccl(nccl) => {
+                return nccl.push(engine, &self.segments, &self.keys, &self.lens, priority);
+            }
         };
         for d in 0..self.devices.len() {
             self.pack(engine, ring, d, priority)?;
@@ -254,6 +306,8 @@ impl AllReduce {
         let ring = match &self.plan {
             Plan::Alone => None,
             Plan::Ring(ring) => Some(ring),
+            #[cfg(feature = "cuda")]
+            Plan::Nccl(_) => None, // its buffers are no variables
         };
         ring.into_iter().flat_map(|r| r.chunks.iter().flatten())
     }
@@ -334,13 +388,43 @@ impl AllReduce {
     }
 }
 
+/// [`Backend::Nccl`]'s plan, or why there is none.
+fn nccl_plan(
+    engine: &Engine,
+    devices: &[Device],
+    len: usize,
+    spans_ranks: bool,
+) -> Result<Plan, Error> {
+    if spans_ranks {
+        return Err(Error::Parallel(
+            "Backend::Nccl sums within this process only: across ranks use Backend::Ring".into(),
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        if len == 0 {
+            // Nothing to sum, but refused where it could not run.
+            super::nccl::ordinals(engine, devices)?;
+            return Ok(Plan::Alone);
+        }
+        Ok(Plan::Nccl(super::nccl::Nccl::new(engine, devices, len)?))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (engine, devices, len);
+        Err(Error::Parallel(
+            "Backend::Nccl needs the `cuda` feature (use Backend::Ring)".into(),
+        ))
+    }
+}
+
 /// Device `d`'s chunk keys (the ring keeps them; an `Arc` clone).
 fn chunk_keys(ring: &Ring, d: usize) -> Arc<[Key]> {
     ring.keys[d].clone()
 }
 
 /// A segment whose length is no longer the one declared fails the op.
-fn check(segment: usize, got: usize, want: usize) -> Result<(), Error> {
+pub(super) fn check(segment: usize, got: usize, want: usize) -> Result<(), Error> {
     if got == want {
         return Ok(());
     }

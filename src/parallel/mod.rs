@@ -24,7 +24,10 @@
 //!   all-gather; every chunk step an op), pushed right behind the op that
 //!   writes the bucket's last gradient
 //!   ([`DeviceStep::grad_ready`]), at a priority that makes the first
-//!   layer's go first.
+//!   layer's go first. On CUDA devices, [`Backend::Nccl`] (the `cuda`
+//!   feature) sums a bucket with NCCL instead: one op that issues the
+//!   grouped calls on every GPU (`nccl.rs`); `NcclAllReduce` sums buffers
+//!   of device memory with NCCL, as one stream op.
 //! - **across ranks** (the `mpi` feature,
 //!   `GroupBuilder::across_ranks`): the group spans ranks x local
 //!   devices; each bucket's local reduce-scatter is followed by one MPI
@@ -98,6 +101,10 @@
 mod allreduce;
 mod bucket;
 mod group;
+#[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(feature = "cuda")]
+mod nccl_slices;
 mod overlap;
 #[cfg(feature = "mpi")]
 mod ranks;
@@ -108,6 +115,8 @@ mod update;
 
 pub use allreduce::{AllReduce, Backend};
 pub use group::{DEFAULT_BUCKET_BYTES, Group, GroupBuilder, Param};
+#[cfg(feature = "cuda")]
+pub use nccl_slices::NcclAllReduce;
 pub use overlap::Overlap;
 pub use ring::{chunk_range, serial_sum};
 pub use step::DeviceStep;
