@@ -543,6 +543,97 @@ fn the_first_layers_reduction_goes_first() {
 }
 
 #[test]
+fn updates_wait_for_the_backward_ops_still_to_run() {
+    within(60, || {
+        // One device (no ring: the update is pushed right behind the
+        // backward op), its worker held until everything is pushed. The first backward
+        // op makes ready both the update of the parameter it wrote and
+        // the next backward op: the backward op goes first (the update is
+        // needed only by the next step; the backward op makes the
+        // gradients still to be reduced).
+        let (engine, devices) = engine(1, false, Tracing::On);
+        let mut group = Group::builder(&engine)
+            .devices(devices.clone())
+            .bucket_bytes(0)
+            .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
+            .build()
+            .unwrap();
+        let (first, last) = (
+            group.param(&[0.0; 3]).unwrap(),
+            group.param(&[0.0; 5]).unwrap(),
+        );
+        let gates: Vec<_> = devices
+            .iter()
+            .map(|&d| {
+                let (open, gate) = std::sync::mpsc::channel::<()>();
+                let held = engine.new_var();
+                engine
+                    .op()
+                    .on(d)
+                    .mutates(&[&held])
+                    .run(move |_| {
+                        gate.recv()?;
+                        Ok(())
+                    })
+                    .unwrap();
+                open
+            })
+            .collect();
+        let dys: Vec<Var<Vec<f32>>> = devices.iter().map(|_| engine.var(Vec::new())).collect();
+        group
+            .step(|s| {
+                let dy = &dys[s.index()];
+                let (g, dyk) = (s.grad(last), dy.key());
+                let gk = g.key();
+                s.engine()
+                    .op()
+                    .name("backward")
+                    .on(s.device())
+                    .mutates(&[g, dy])
+                    .run(move |ctx| {
+                        ctx.write(gk)?.fill(1.0);
+                        ctx.write(dyk)?.push(1.0);
+                        Ok(())
+                    })?;
+                s.grad_ready(last)?;
+                let g = s.grad(first);
+                let gk = g.key();
+                s.engine()
+                    .op()
+                    .name("backward")
+                    .on(s.device())
+                    .reads(&[dy])
+                    .mutates(&[g])
+                    .run(move |ctx| {
+                        ctx.write(gk)?.fill(ctx.read(dyk)?[0]);
+                        Ok(())
+                    })?;
+                s.grad_ready(first)
+            })
+            .unwrap();
+        gates.iter().for_each(|g| g.send(()).unwrap());
+        engine.wait_all().wait().unwrap();
+        let trace = engine.trace().unwrap();
+        let started = |name: &str, nth: usize| {
+            let mut times: Vec<_> = trace
+                .ops()
+                .iter()
+                .filter(|op| op.name() == Some(name))
+                .map(|op| op.started().unwrap())
+                .collect();
+            times.sort();
+            times[nth]
+        };
+        assert!(
+            started("backward", 1) < started("update", 0),
+            "the second backward op runs before any update"
+        );
+        assert_eq!(group.weights(last, 0).unwrap(), [-1.0; 5]);
+        assert_eq!(group.weights(first, 0).unwrap(), [-1.0; 3]);
+    });
+}
+
+#[test]
 fn overlap_counts_the_reduction_time_spent_under_compute() {
     within(60, || {
         // "backward" on d0 runs until an op that follows "allreduce x" has

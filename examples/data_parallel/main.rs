@@ -7,7 +7,13 @@
 //! cargo run --release --example data_parallel -- --epochs 3
 //! cargo run --release --example data_parallel -- --comm
 //! cargo run --release --example data_parallel -- --simulated-gpus
+//! cargo run --release --example data_parallel -- --trace /tmp/dp
 //! ```
+//!
+//! With `--trace PREFIX` each device count's trace of the second half of
+//! the epochs is written as Chrome trace-event JSON to `PREFIX1.json`,
+//! `PREFIX2.json`, `PREFIX4.json` (open them in Perfetto): which reduction
+//! ran when, on which device, next to which backward op.
 //!
 //! With `--simulated-gpus` the devices are simulated GPUs
 //! (`Executor::simulated_gpu`): the splits go to their host-to-device lane,
@@ -64,6 +70,8 @@ struct Args {
     comm: bool,
     /// Simulated GPUs instead of CPU devices.
     gpus: bool,
+    /// Where to write each device count's trace (Chrome JSON), if asked.
+    trace: Option<String>,
 }
 
 fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
@@ -135,6 +143,9 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
     }
     engine.stop_trace()?;
     let trace = engine.trace()?;
+    if let Some(prefix) = &args.trace {
+        trace.write_chrome_json(format!("{prefix}{n}.json"))?;
+    }
     // On a stream device an op's span runs from its launch until the
     // poller sees its event: not the time its work ran. No figure there.
     let overlap =
@@ -155,12 +166,16 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
 }
 
 fn args() -> Result<Args, Error> {
-    let usage =
-        || Error::Config("usage: data_parallel [--epochs N] [--comm] [--simulated-gpus]".into());
+    let usage = || {
+        Error::Config(
+            "usage: data_parallel [--epochs N] [--comm] [--simulated-gpus] [--trace PREFIX]".into(),
+        )
+    };
     let mut args = Args {
         epochs: DEFAULT_EPOCHS,
         comm: false,
         gpus: false,
+        trace: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -174,6 +189,7 @@ fn args() -> Result<Args, Error> {
             }
             "--comm" => args.comm = true,
             "--simulated-gpus" => args.gpus = true,
+            "--trace" => args.trace = Some(it.next().ok_or_else(usage)?),
             _ => return Err(usage()),
         }
     }

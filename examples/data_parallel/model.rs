@@ -1,8 +1,14 @@
 //! The classifier: an MLP (ReLU between layers, softmax cross-entropy),
 //! its parameters in a data-parallel group, and the ops one device pushes
 //! for one step: a forward op per layer, the loss, a backward op per layer
-//! (last layer first), each marking its gradients ready so that their
+//! (last layer first), each marking its gradient ready so that its
 //! all-reduce starts behind it.
+//!
+//! Each layer's weights and bias are one parameter of the group (one
+//! buffer: the `in x out` weights, then the `out` biases), as frameworks
+//! keep flat parameter buffers: the group's buckets, cut by size, then
+//! never tie one layer's bias to the next layer's weights (a bucket holding
+//! both could be reduced only once the earlier layer's backward op ran).
 
 use depflow::parallel::{DeviceStep, Group, Param};
 use depflow::{Engine, Error, Var};
@@ -24,8 +30,8 @@ pub type Weights = Vec<(Vec<f32>, Vec<f32>)>;
 
 pub struct Mlp {
     pub dims: Vec<usize>,
-    /// Per layer: weights (in x out) and bias.
-    pub params: Vec<(Param, Param)>,
+    /// Per layer: weights (in x out) then bias, in one buffer.
+    pub params: Vec<Param>,
     pub scratch: Vec<Scratch>,
 }
 
@@ -50,8 +56,9 @@ impl Mlp {
         for l in 0..dims.len() - 1 {
             let (i, o) = (dims[l], dims[l + 1]);
             let scale = (6.0 / (i + o) as f32).sqrt();
-            let w: Vec<f32> = (0..i * o).map(|_| rng.uniform() * scale).collect();
-            params.push((group.param(&w)?, group.param(&vec![0.0; o])?));
+            let mut wb: Vec<f32> = (0..i * o).map(|_| rng.uniform() * scale).collect();
+            wb.resize(i * o + o, 0.0);
+            params.push(group.param(&wb)?);
         }
         let scratch = group
             .devices()
@@ -76,28 +83,28 @@ impl Mlp {
         let input = |l: usize| if l == 0 { shard } else { &sc.acts[l] };
         for l in 0..layers {
             let (i, o) = (self.dims[l], self.dims[l + 1]);
-            let (w, b) = self.params[l];
-            let (x, wv, bv, y) = (input(l), s.replica(w), s.replica(b), &sc.acts[l + 1]);
-            let (xk, wk, bk, yk) = (x.key(), wv.key(), bv.key(), y.key());
+            let (x, wv, y) = (input(l), s.replica(self.params[l]), &sc.acts[l + 1]);
+            let (xk, wk, yk) = (x.key(), wv.key(), y.key());
             let relu = l + 1 < layers;
             s.engine()
                 .op()
                 .name("forward")
                 .on(s.device())
-                .reads(&[x, wv, bv])
+                .reads(&[x, wv])
                 .mutates(&[y])
                 .run(move |ctx| {
                     let mut y = ctx.write(yk)?;
                     y.resize(r * o, 0.0);
                     let mut out = view_mut(&mut y, r, o);
-                    let bias = ctx.read(bk)?;
+                    let wb = ctx.read(wk)?;
+                    let (w, bias) = wb.split_at(i * o);
                     for mut row in out.rows_mut() {
-                        row.iter_mut().zip(bias.iter()).for_each(|(v, b)| *v = *b);
+                        row.iter_mut().zip(bias).for_each(|(v, b)| *v = *b);
                     }
                     general_mat_mul(
                         1.0,
                         &view(&ctx.read(xk)?, r, i),
-                        &view(&ctx.read(wk)?, i, o),
+                        &view(w, i, o),
                         1.0,
                         &mut out,
                     );
@@ -140,11 +147,10 @@ impl Mlp {
             })?;
         for l in (0..layers).rev() {
             let (i, o) = (self.dims[l], self.dims[l + 1]);
-            let (w, b) = self.params[l];
-            let (x, dy, wv) = (input(l), &sc.grads[l + 1], s.replica(w));
-            let (gw, gb, dx) = (s.grad(w), s.grad(b), &sc.grads[l]);
-            let (xk, dyk, wk, gwk, gbk, dxk) =
-                (x.key(), dy.key(), wv.key(), gw.key(), gb.key(), dx.key());
+            let p = self.params[l];
+            let (x, dy, wv) = (input(l), &sc.grads[l + 1], s.replica(p));
+            let (g, dx) = (s.grad(p), &sc.grads[l]);
+            let (xk, dyk, wk, gk, dxk) = (x.key(), dy.key(), wv.key(), g.key(), dx.key());
             let first = l == 0;
             let mut op = s
                 .engine()
@@ -152,21 +158,16 @@ impl Mlp {
                 .name("backward")
                 .on(s.device())
                 .reads(&[x, dy, wv])
-                .mutates(&[gw, gb]);
+                .mutates(&[g]);
             if !first {
                 op = op.mutates(&[dx]);
             }
             op.run(move |ctx| {
                 let (x, dy) = (ctx.read(xk)?, ctx.read(dyk)?);
                 let (xv, dyv) = (view(&x, r, i), view(&dy, r, o));
-                general_mat_mul(
-                    1.0,
-                    &xv.t(),
-                    &dyv,
-                    0.0,
-                    &mut view_mut(&mut ctx.write(gwk)?, i, o),
-                );
-                let mut gb = ctx.write(gbk)?;
+                let mut g = ctx.write(gk)?;
+                let (gw, gb) = g.split_at_mut(i * o);
+                general_mat_mul(1.0, &xv.t(), &dyv, 0.0, &mut view_mut(gw, i, o));
                 gb.fill(0.0);
                 for row in dyv.rows() {
                     gb.iter_mut().zip(row).for_each(|(g, d)| *g += d);
@@ -176,7 +177,8 @@ impl Mlp {
                     let mut dx = ctx.write(dxk)?;
                     dx.resize(r * i, 0.0);
                     let mut dxv = view_mut(&mut dx, r, i);
-                    general_mat_mul(1.0, &dyv, &view(&ctx.read(wk)?, i, o).t(), 0.0, &mut dxv);
+                    let wb = ctx.read(wk)?;
+                    general_mat_mul(1.0, &dyv, &view(&wb[..i * o], i, o).t(), 0.0, &mut dxv);
                     dxv.zip_mut_with(&xv, |d, &x| {
                         if x <= 0.0 {
                             *d = 0.0
@@ -185,8 +187,7 @@ impl Mlp {
                 }
                 Ok(())
             })?;
-            s.grad_ready(w)?;
-            s.grad_ready(b)?;
+            s.grad_ready(p)?;
         }
         Ok(())
     }
@@ -196,7 +197,12 @@ impl Mlp {
     pub fn replica(&self, group: &Group, d: usize) -> Result<Weights, Error> {
         self.params
             .iter()
-            .map(|&(w, b)| Ok((group.weights(w, d)?, group.weights(b, d)?)))
+            .zip(self.dims.windows(2))
+            .map(|(&p, io)| {
+                let mut w = group.weights(p, d)?;
+                let b = w.split_off(io[0] * io[1]);
+                Ok((w, b))
+            })
             .collect()
     }
 

@@ -4,9 +4,15 @@
 //! bucket's reduction (and its update) as soon as every device has pushed
 //! the ops that write its gradients.
 //!
-//! Bucket `b` of `B` (in parameter order) has priority `B - b`: the first
-//! layer's parameters (added first) are reduced and updated first, as the
-//! next forward pass needs them first.
+//! Bucket `b` of `B` (in parameter order) has priority `B - b` for its
+//! reduction: a reduction's ops run before any ready op of priority 0 (the
+//! backward ops, typically) on its device, so that it moves while backward
+//! still computes, and the first layer's parameters (added first) are
+//! reduced first, as the next forward pass needs them first. Its update on
+//! every replica has priority `-(b + 1)`: below the backward ops still to
+//! run on the device (the update is needed only by the next forward pass,
+//! while every backward op it would delay delays the gradients still to be
+//! reduced), and again the first layer's first.
 
 use super::allreduce::AllReduce;
 use super::group::{Group, ParamVars};
@@ -188,6 +194,7 @@ impl Buckets {
     /// Pushes bucket `b`'s reduction and update.
     fn push(&self, group: &Group, b: usize) -> Result<(), Error> {
         let priority = i32::try_from(self.list.len() - b).unwrap_or(i32::MAX);
+        let update_priority = i32::try_from(b + 1).map_or(i32::MIN, |b| -b);
         let bucket = &self.list[b];
         let opt = group.optimizer.as_ref();
         match &bucket.reduce {
@@ -200,7 +207,7 @@ impl Buckets {
                             &group.members,
                             &group.params[p],
                             opt,
-                            priority,
+                            update_priority,
                         )?;
                     }
                 }

@@ -3,7 +3,8 @@
 //!
 //! - [`Update::EveryReplica`] (seed 001's improved design): each device's
 //!   replica is updated from its own copy of the summed gradient, on the
-//!   device; no copy back.
+//!   device; no copy back. At a negative priority (`bucket.rs` says which):
+//!   after the backward ops still to run on the device.
 //! - [`Update::Host`] (seed 000's program): one op on the engine's default
 //!   device sums the devices' gradients into the host's
 //!   ([`serial_sum`](super::serial_sum), the ring's order), one op per
