@@ -5,8 +5,8 @@
 //! a *capturing* stream: the work they enqueue is recorded, not run.
 //!
 //! - On CUDA, the lane's stream is in capture mode (`cuStreamBeginCapture`,
-//!   thread-local): kernels and copies launched on
-//!   [`Stream::cuda`](crate::stream::Stream) become the graph's nodes, and
+//!   thread-local): kernels and copies launched on `Stream::cuda` become
+//!   the graph's nodes, and
 //!   a repeatable host function becomes a host node
 //!   (`cuLaunchHostFunc` with a pointer to it, kept alive by the graph).
 //!   The capture ends in `cuStreamEndCapture` and `cuGraphInstantiate`; a
@@ -158,7 +158,7 @@ impl Stream {
     /// graph's first replay runs its bodies so): then only repeatable work
     /// may be enqueued ([`enqueue_repeatable`](Self::enqueue_repeatable),
     /// [`simulate_repeatable`](Self::simulate_repeatable), kernels on
-    /// [`cuda`](Self::cuda)).
+    /// `Stream::cuda`).
     pub fn is_capturing(&self) -> bool {
         self.capture.is_some()
     }

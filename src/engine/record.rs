@@ -573,6 +573,9 @@ impl Graph {
     /// op). So a pushed op on a boundary variable waits for the whole
     /// replay, not only for the recorded ops on that variable.
     ///
+    /// A captured graph's replay ([`Recorder::capture`]) is one device op
+    /// instead, launching the captured device graph.
+    ///
     /// Errors come through the future: [`Error::ShutDown`] once the engine
     /// is shut down or dropped, [`Error::Deleted`] for a deleted boundary
     /// variable, and the first failure of the replay's ops.
