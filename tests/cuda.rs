@@ -38,6 +38,7 @@ const KERNELS: &str = r#"
 extern "C" __global__ void store(unsigned int* x, unsigned int v) { x[0] = v; }
 extern "C" __global__ void consume(unsigned int* x) { x[1] = x[0] * 10u + 2u; }
 extern "C" __global__ void trap_now() { __trap(); }
+extern "C" __global__ void inc(unsigned int* x) { x[0] += 1u; }
 extern "C" __global__ void bump(unsigned int* x, unsigned int expect) {
     // Counts, and records a broken order in x[1].
     if (x[0] != expect) { x[1] = 1u; }
@@ -61,6 +62,7 @@ struct Gpu {
     consume: CudaFunction,
     bump: CudaFunction,
     trap: CudaFunction,
+    inc: CudaFunction,
 }
 
 /// The engine and the kernels, or None (printed) where there is no GPU.
@@ -102,6 +104,7 @@ fn gpu(test: &str) -> Option<Gpu> {
         consume: module.load_function("consume").unwrap(),
         bump: module.load_function("bump").unwrap(),
         trap: module.load_function("trap_now").unwrap(),
+        inc: module.load_function("inc").unwrap(),
         ctx,
     })
 }
@@ -430,4 +433,82 @@ fn a_trapping_kernel_kills_the_device_in_a_child_process() {
             "the test it runs was skipped",
         );
     }
+}
+
+/// A captured graph (`Recorder::capture`) on a GPU: its bodies run once,
+/// at the first replay, under stream capture; every replay launches the
+/// CUDA graph once: kernels (two ops declared on two lanes, captured onto
+/// one stream in recorded order) and a repeatable host function.
+#[test]
+fn a_captured_graph_runs_its_bodies_once_and_launches_per_replay() {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    within(120, || {
+        let name = "a_captured_graph_runs_its_bodies_once_and_launches_per_replay";
+        let Some(g) = gpu(name) else {
+            return;
+        };
+        let x = g.zeros(2);
+        let (bodies, host_fns) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let graph = g
+            .engine
+            .record(|rec| {
+                rec.capture();
+                let (inc, consume, xk) = (g.inc.clone(), g.consume.clone(), x.key());
+                let (b, h) = (bodies.clone(), host_fns.clone());
+                rec.op()
+                    .on(g.gpu)
+                    .lane(Lane::Compute(0))
+                    .mutates(&[&x])
+                    .run(move |ctx| {
+                        b.fetch_add(1, SeqCst);
+                        let s = ctx.stream()?;
+                        assert!(s.is_capturing());
+                        let stream = s.cuda().expect("a CUDA stream").clone();
+                        let mut x = ctx.write(xk)?;
+                        let mut launch = stream.launch_builder(&inc);
+                        launch.arg(&mut *x);
+                        // SAFETY: the argument matches `inc`; x has 2 elements.
+                        unsafe { launch.launch(ONE) }?;
+                        let h = h.clone();
+                        s.enqueue_repeatable(move || {
+                            h.fetch_add(1, SeqCst);
+                            Ok(())
+                        })?;
+                        Ok::<_, BoxError>(())
+                    })?;
+                let b = bodies.clone();
+                rec.op()
+                    .on(g.gpu)
+                    .lane(Lane::Compute(1))
+                    .mutates(&[&x])
+                    .run(move |ctx| {
+                        b.fetch_add(1, SeqCst);
+                        let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+                        let mut x = ctx.write(xk)?;
+                        let mut launch = stream.launch_builder(&consume);
+                        launch.arg(&mut *x);
+                        // SAFETY: the argument matches `consume`; x has 2 elements.
+                        unsafe { launch.launch(ONE) }?;
+                        Ok::<_, BoxError>(())
+                    })
+            })
+            .unwrap();
+        const N: u32 = 20;
+        for _ in 0..N {
+            graph.replay();
+        }
+        // x[1] = x[0] * 10 + 2 after the last increment: program order.
+        assert_eq!(g.read_back(&x, 2), vec![N, N * 10 + 2]);
+        g.engine.wait_all().wait().unwrap();
+        assert_eq!(bodies.load(SeqCst), 2, "each body ran once");
+        assert_eq!(
+            host_fns.load(SeqCst),
+            N,
+            "the host node ran at every launch"
+        );
+        assert_eq!(graph.captures(), 1);
+        assert!(graph.is_captured());
+        drop(graph);
+        drop(x);
+    });
 }

@@ -65,7 +65,8 @@ pub(crate) use self::resident::{
     Driver, Ran, RecordedBody, Resident, clear_graph_poison, run_recorded,
 };
 pub(crate) use self::resident_stream::{
-    Enqueue, StreamSlot, clear_graph_fences, complete_recorded, enqueue_recorded, run_settled,
+    Enqueue, StreamSlot, clear_graph_fences, complete_recorded, enqueue_recorded, run_captured,
+    run_settled,
 };
 pub(crate) use self::resident_units::{give_back_units, set_tickets};
 pub(crate) use self::spawn::{OpTask, spawn};

@@ -204,6 +204,23 @@ pub(crate) fn run_settled<H: Host>(resident: &Resident, body: &RecordedBody, hos
     run_recorded(resident, body, host)
 }
 
+/// Runs recorded op `op`'s body once while its graph is captured (see
+/// `crate::graph::capture`): with `env`, whose stream is the capturing one,
+/// panics caught. Nothing else of the op's lifecycle runs: the graph's
+/// launch op holds the grants and ends for all of its ops. `Err` is the
+/// body's error or panic, as a message.
+pub(crate) fn run_captured(op: &OpBlock, body: &RecordedBody, env: &Env<'_>) -> Result<(), String> {
+    let result = {
+        let _current = CurrentOp::enter(op);
+        catch_unwind(AssertUnwindSafe(|| body(&OpCtx::borrowed(op, env))))
+    };
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(payload) => Err(format!("panicked: {}", panic_message(payload.as_ref()))),
+    }
+}
+
 /// Forgets the fences a replay left on the intermediates of graph `graph`
 /// that recorded op `op` mutates (a failed one would poison the next
 /// replay). Called as `clear_graph_poison` is: while no op of the graph

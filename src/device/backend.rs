@@ -99,6 +99,13 @@ pub(crate) fn no_lane_waits() -> bool {
     cfg!(debug_assertions) && std::env::var(NO_LANE_WAITS).is_ok_and(|v| v == "1")
 }
 
+/// A captured graph, instantiated (see `capture`).
+pub(crate) enum Exec {
+    Sim(Arc<sim::SimGraph>),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::RawExec),
+}
+
 pub(crate) enum Gpu {
     Sim(sim::SimGpu),
     #[cfg(feature = "cuda")]
@@ -270,6 +277,100 @@ impl Backend {
             Gpu::Cuda(_) => {
                 Err("`Stream::simulate` on a CUDA device: launch kernels on `Stream::cuda`".into())
             }
+        }
+    }
+
+    /// Starts capturing `lane`'s work into a graph (see `capture`).
+    pub(crate) fn begin_capture(&self, lane: u8) -> Result<(), String> {
+        self.alive()?;
+        match &self.gpu {
+            Gpu::Sim(_) => {
+                let _ = lane;
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(gpu) => gpu.begin_capture(lane),
+        }
+    }
+
+    /// Captures host function `f` on `lane` (capturing): on CUDA a host
+    /// node pointing at `f`, which the caller keeps alive with the graph;
+    /// the simulated device keeps nothing (the capture lists its jobs).
+    pub(crate) fn capture_host(&self, lane: u8, f: &sim::RepeatFn) -> Result<(), String> {
+        self.alive()?;
+        match &self.gpu {
+            Gpu::Sim(_) => {
+                let _ = (lane, f);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(gpu) => gpu.capture_host(lane, f),
+        }
+    }
+
+    /// Whether device work of the simulated kind may be captured.
+    pub(crate) fn capture_work(&self) -> Result<(), String> {
+        self.alive()?;
+        match &self.gpu {
+            Gpu::Sim(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(_) => Err(
+                "`Stream::simulate_repeatable` on a CUDA device: launch kernels on `Stream::cuda`"
+                    .into(),
+            ),
+        }
+    }
+
+    /// Ends the capture on `lane`: the graph, instantiated, if `keep`
+    /// (`nodes`: the simulated device's, from the capture's jobs); else
+    /// the capture is discarded (None).
+    pub(crate) fn end_capture(
+        &self,
+        lane: u8,
+        keep: bool,
+        nodes: impl FnOnce() -> Vec<sim::SimNode>,
+    ) -> Result<Option<Exec>, String> {
+        match &self.gpu {
+            Gpu::Sim(_) => {
+                let _ = lane;
+                Ok(keep.then(|| Exec::Sim(Arc::new(sim::SimGraph { nodes: nodes() }))))
+            }
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(gpu) => Ok(gpu.end_capture(lane, keep)?.map(Exec::Cuda)),
+        }
+    }
+
+    /// Launches a captured graph on `lane` (its capture's).
+    pub(crate) fn launch(&self, lane: u8, exec: &Exec) -> Result<(), String> {
+        self.alive()?;
+        match (&self.gpu, exec) {
+            (Gpu::Sim(gpu), Exec::Sim(graph)) => {
+                gpu.launch(lane, graph.clone());
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            (Gpu::Cuda(gpu), Exec::Cuda(exec)) => gpu.launch(lane, exec),
+            #[cfg(feature = "cuda")]
+            _ => unreachable!("a graph of another device"),
+        }
+    }
+
+    /// Destroys a captured graph (launches still in flight finish first).
+    pub(crate) fn destroy_exec(&self, exec: Exec) {
+        match (exec, &self.gpu) {
+            #[cfg(feature = "cuda")]
+            (Exec::Cuda(e), Gpu::Cuda(gpu)) => gpu.destroy_exec(e),
+            _ => {}
+        }
+    }
+
+    /// How many captured graphs' launches the device ran (the simulated
+    /// device counts them; 0 on CUDA).
+    pub(crate) fn graph_launches(&self) -> u64 {
+        match &self.gpu {
+            Gpu::Sim(gpu) => gpu.launches(),
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(_) => 0,
         }
     }
 

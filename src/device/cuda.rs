@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::backend::Settled;
+use super::sim::RepeatFn;
 
 /// How many CUDA devices there are; 0 without a driver or on any error.
 pub(crate) fn device_count() -> usize {
@@ -242,6 +243,103 @@ impl CudaGpu {
             self.destroy(event);
         }
     }
+}
+
+/// A CUDA graph's executable, instantiated from a capture. Destroyed by
+/// [`CudaGpu::destroy_exec`], never by a drop.
+pub(crate) struct RawExec(sys::CUgraphExec);
+
+// SAFETY: a CUgraphExec is a handle the driver lets any thread use; the
+// engine launches and destroys it only through `CudaGpu`, which makes the
+// context current first.
+unsafe impl Send for RawExec {}
+// SAFETY: as above; no method takes `&mut`.
+unsafe impl Sync for RawExec {}
+
+/// Capturing a lane into a CUDA graph (see `device::capture`).
+impl CudaGpu {
+    /// Puts `lane`'s stream in capture mode, thread-local: calls of other
+    /// threads (the poller's queries) are not affected.
+    pub(crate) fn begin_capture(&self, lane: u8) -> Result<(), String> {
+        self.bind()?;
+        // SAFETY: the stream is this context's and alive.
+        unsafe {
+            result::stream::begin_capture(
+                self.cu(lane),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(message)
+    }
+
+    /// Captures a host node calling `f` at each launch.
+    pub(crate) fn capture_host(&self, lane: u8, f: &RepeatFn) -> Result<(), String> {
+        self.bind()?;
+        let arg: *const RepeatFn = f;
+        // SAFETY: the stream is capturing and alive; `f` stays where it is
+        // (boxed) for as long as the graph, whose `CapturedGraph` keeps it
+        // and outlives every launch (each hands the device a reference
+        // until its work is done); `call_repeated` only borrows it.
+        unsafe {
+            result::stream::launch_host_function(
+                self.cu(lane),
+                call_repeated,
+                arg.cast_mut().cast(),
+            )
+        }
+        .map_err(message)
+    }
+
+    /// Ends the capture on `lane`: the graph instantiated if `keep`, else
+    /// destroyed (None).
+    pub(crate) fn end_capture(&self, lane: u8, keep: bool) -> Result<Option<RawExec>, String> {
+        self.bind()?;
+        // SAFETY: the stream is this context's, alive, and capturing.
+        let graph = unsafe { result::stream::end_capture(self.cu(lane)) }.map_err(message)?;
+        if graph.is_null() {
+            return if keep {
+                Err("the capture produced no graph".into())
+            } else {
+                Ok(None)
+            };
+        }
+        let exec = if keep {
+            // SAFETY: `graph` was just captured and is destroyed below only.
+            let exec =
+                unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+            Some(exec.map(RawExec).map_err(message))
+        } else {
+            None
+        };
+        // SAFETY: the graph is ours and destroyed once; the executable (if
+        // any) does not depend on it.
+        let _ = unsafe { result::graph::destroy(graph) };
+        exec.transpose()
+    }
+
+    /// Launches `exec` on `lane`.
+    pub(crate) fn launch(&self, lane: u8, exec: &RawExec) -> Result<(), String> {
+        self.bind()?;
+        // SAFETY: the executable and the stream are this context's and alive.
+        unsafe { result::graph::launch(exec.0, self.cu(lane)) }.map_err(message)
+    }
+
+    /// Destroys an executable graph; a launch in flight finishes first
+    /// (the driver frees it on completion).
+    pub(crate) fn destroy_exec(&self, exec: RawExec) {
+        if self.bind().is_ok() {
+            // SAFETY: instantiated on this context, destroyed once.
+            let _ = unsafe { result::graph::exec_destroy(exec.0) };
+        }
+    }
+}
+
+unsafe extern "C" fn call_repeated(arg: *mut std::ffi::c_void) {
+    // SAFETY: `arg` points at a job the graph keeps alive (see
+    // `capture_host`); it is only borrowed. The job catches its own panics,
+    // so nothing unwinds across this boundary.
+    let f = unsafe { &*arg.cast_const().cast::<RepeatFn>() };
+    f();
 }
 
 unsafe extern "C" fn call_host(arg: *mut std::ffi::c_void) {

@@ -15,6 +15,7 @@
 //! May import: `crate::loom`, `crate::core`, `crate::error`.
 
 mod backend;
+mod capture;
 #[cfg(feature = "mpi")]
 pub(crate) mod comm;
 #[cfg(feature = "cuda")]
@@ -34,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use self::backend::Gpu;
 pub(crate) use self::backend::{Backend, Event};
+pub(crate) use self::capture::CapturedGraph;
 use self::poller::Poller;
 use crate::error::{Error, OpFailure};
 
@@ -220,6 +222,9 @@ pub struct Stream {
     fence: Arc<Fence>,
     /// Values handed to [`drop_after`](Stream::drop_after).
     deferred: crate::loom::sync::Mutex<Vec<Deferred>>,
+    /// The capture this stream records into, if it is a capturing one
+    /// (see `capture`).
+    capture: Option<Arc<capture::Capture>>,
 }
 
 /// A value the engine drops once an op's device work is done.
@@ -233,6 +238,7 @@ impl Stream {
             lane,
             fence,
             deferred: crate::loom::sync::Mutex::new(Vec::new()),
+            capture: None,
         }
     }
 
@@ -271,11 +277,14 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`Error::Stream`] if the device refused it.
+    /// [`Error::Stream`] if the device refused it, or while a graph is
+    /// captured ([`is_capturing`](Self::is_capturing): use
+    /// [`enqueue_repeatable`](Self::enqueue_repeatable)).
     pub fn enqueue(
         &self,
         f: impl FnOnce() -> Result<(), String> + Send + 'static,
     ) -> Result<(), Error> {
+        self.one_shot("enqueue")?;
         self.backend
             .enqueue_host(self.lane, self.job(f))
             .map_err(Error::Stream)
@@ -308,8 +317,14 @@ impl Stream {
     /// })?;
     /// # Ok::<(), depflow::Error>(())
     /// ```
+    ///
+    /// While a graph is captured ([`is_capturing`](Self::is_capturing)),
+    /// the value is kept as long as the captured graph instead: its work
+    /// may use it at every launch.
     pub fn drop_after(&self, value: impl Send + 'static) {
-        self.deferred.lock().push(Box::new(value));
+        if let Some(value) = self.keep_captured(Box::new(value)) {
+            self.deferred.lock().push(value);
+        }
     }
 
     /// On a simulated device: enqueues `f` as the stream's own device work,
@@ -339,11 +354,14 @@ impl Stream {
     /// # Errors
     ///
     /// [`Error::Stream`] on a CUDA device (launch kernels on
-    /// `Stream::cuda` there, `cuda` feature), or if the device refused it.
+    /// `Stream::cuda` there, `cuda` feature), if the device refused it, or
+    /// while a graph is captured (use
+    /// [`simulate_repeatable`](Self::simulate_repeatable)).
     pub fn simulate(
         &self,
         f: impl FnOnce() -> Result<(), String> + Send + 'static,
     ) -> Result<(), Error> {
+        self.one_shot("simulate")?;
         self.backend
             .enqueue_work(self.lane, self.job(f))
             .map_err(Error::Stream)
@@ -385,6 +403,11 @@ impl Stream {
     /// [`Error::Stream`] on a CUDA device.
     #[doc(hidden)]
     pub fn simulate_device_error(&self, message: &str, sticky: bool) -> Result<(), Error> {
+        if self.is_capturing() {
+            return Err(Error::Stream(
+                "a simulated device error cannot be captured".into(),
+            ));
+        }
         match &self.backend.gpu {
             Gpu::Sim(gpu) => {
                 gpu.fault(self.lane, message.to_string(), sticky);

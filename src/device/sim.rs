@@ -87,6 +87,26 @@ enum Item {
     /// Tests: the device reports an error from here on (see
     /// [`SimGpu::fault`]).
     Fault(String, bool),
+    /// A captured graph's launch: its nodes, in order, as this lane's
+    /// work; counted in the device's launches once the lane reaches it.
+    Launch(Arc<SimGraph>, Arc<AtomicU64>),
+}
+
+/// Work a captured graph repeats at each launch (`device::capture`).
+pub(crate) type RepeatFn = Arc<dyn Fn() + Send + Sync>;
+
+/// One node of a simulated captured graph.
+pub(crate) enum SimNode {
+    /// Device work, run on the launching lane's thread.
+    Run(RepeatFn),
+    /// A host function, run on the host function thread, the lane waiting.
+    Host(RepeatFn),
+}
+
+/// A simulated device's captured graph: the stream's work items recorded
+/// during a capture, in order (the stand-in for a CUDA graph's exec).
+pub(crate) struct SimGraph {
+    pub(crate) nodes: Vec<SimNode>,
 }
 
 /// An error the simulated device reports with its events: a stand-in for
@@ -117,6 +137,8 @@ pub(crate) struct SimGpu {
     lanes: Box<[Arc<Lane>]>,
     threads: Arc<Threads>,
     fault: Arc<Mutex<Fault>>,
+    /// Captured graphs' launches the lanes reached (tests).
+    launches: Arc<AtomicU64>,
 }
 
 /// A host function handed to the host function thread, and the generation
@@ -135,6 +157,7 @@ impl SimGpu {
             lanes: (0..lanes).map(|_| Arc::default()).collect(),
             threads: Arc::default(),
             fault: Arc::default(),
+            launches: Arc::default(),
         };
         // The host function thread runs until every stream thread (each
         // holding a sender) is gone.
@@ -198,6 +221,17 @@ impl SimGpu {
     /// runs nothing more), as CUDA reports the errors of asynchronous work.
     pub(crate) fn fault(&self, lane: u8, message: String, sticky: bool) {
         self.push(lane, Item::Fault(message, sticky));
+    }
+
+    /// A captured graph's launch: `graph`'s nodes run in order once `lane`
+    /// reaches it, as one item of the lane's work.
+    pub(crate) fn launch(&self, lane: u8, graph: Arc<SimGraph>) {
+        self.push(lane, Item::Launch(graph, self.launches.clone()));
+    }
+
+    /// How many captured graphs' launches the lanes reached so far.
+    pub(crate) fn launches(&self) -> u64 {
+        self.launches.load(Acquire)
     }
 
     /// Whether the work before `event`, recorded on `lane`, is done. An
@@ -268,14 +302,21 @@ fn run_lane(
         // context does); its events are still reached, so nothing waits.
         let dead = fault.lock().sticky.is_some();
         match item {
-            Item::Run(_) | Item::Host(_) if dead => {}
+            Item::Run(_) | Item::Host(_) | Item::Launch(..) if dead => {}
             Item::Wait(..) if dead => {}
             // Panics are caught inside `f` (see `Stream::enqueue`).
             Item::Run(f) => f(),
-            Item::Host(f) => {
-                let generation = returned.next();
-                if calls.send((f, returned.clone(), generation)).is_ok() {
-                    returned.wait(generation);
+            Item::Host(f) => host_call(f, &returned, calls),
+            Item::Launch(graph, launches) => {
+                launches.fetch_add(1, Release);
+                for node in &graph.nodes {
+                    match node {
+                        SimNode::Run(f) => f(),
+                        SimNode::Host(f) => {
+                            let f = f.clone();
+                            host_call(Box::new(move || f()), &returned, calls);
+                        }
+                    }
                 }
             }
             Item::Wait(event, generation) => event.wait(generation),
@@ -294,5 +335,18 @@ fn run_lane(
                 reached();
             }
         }
+    }
+}
+
+/// Runs host function `f` on the host function thread, the lane waiting
+/// for it to return (`returned`: the lane's own event for that).
+fn host_call(
+    f: Box<dyn FnOnce() + Send>,
+    returned: &Arc<SimEvent>,
+    calls: &std::sync::mpsc::Sender<HostCall>,
+) {
+    let generation = returned.next();
+    if calls.send((f, returned.clone(), generation)).is_ok() {
+        returned.wait(generation);
     }
 }

@@ -19,6 +19,7 @@ use crate::dep::{
 use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
 use crate::graph::analysis::{Analysed, Recording, analyse};
+use crate::graph::capture::{CapturedBody, Capturing, capturing};
 use crate::graph::dot::{DotOp, to_dot};
 use crate::graph::run::ReplayBody;
 use crate::graph::{GraphEdge, GraphOp, MemoryPlan, Order};
@@ -91,6 +92,7 @@ impl Engine {
                 ..Recording::default()
             },
             name: None,
+            capture: false,
         };
         f(&mut recorder)?;
         recorder.finish()
@@ -102,6 +104,8 @@ pub struct Recorder<'e> {
     engine: &'e Engine,
     recording: Recording,
     name: Option<Arc<str>>,
+    /// Replays launch one captured device graph (`capture`).
+    capture: bool,
 }
 
 impl std::fmt::Debug for Recorder<'_> {
@@ -165,6 +169,79 @@ impl<'e> Recorder<'e> {
         self
     }
 
+    /// Replays of this graph launch it as one captured device graph: a
+    /// CUDA graph (stream capture) on a CUDA device, the same path on the
+    /// simulated GPU. Every op must run on one stream device, with no
+    /// units and no planned buffers; the recording's end refuses the
+    /// graph otherwise ([`Error::Graph`]).
+    ///
+    /// # The contract (CUDA graphs')
+    ///
+    /// - The first replay runs every op's body once, in recorded order,
+    ///   with the stream of the graph's first op's lane *capturing*: the
+    ///   work the bodies enqueue is recorded, not run (kernels on
+    ///   [`Stream::cuda`](crate::stream::Stream), and repeatable host
+    ///   functions: [`Stream::enqueue_repeatable`](crate::stream::Stream::enqueue_repeatable),
+    ///   [`Stream::simulate_repeatable`](crate::stream::Stream::simulate_repeatable);
+    ///   the one-shot `enqueue` and `simulate` are refused there). Then the
+    ///   graph is instantiated. **Bodies' host-side code runs only then**:
+    ///   what they enqueued is what every launch repeats, with the values
+    ///   and pointers they captured.
+    /// - Every replay (the first too, once captured) is *one* device op on
+    ///   that device and lane: it takes the graph's boundary variables
+    ///   (mutating those the graph mutates) once, in push order with the
+    ///   engine's other ops as any replay does, waits for their device
+    ///   work, launches the graph, and is fenced by one event; the
+    ///   variables are handed on once the launch is enqueued, as a pushed
+    ///   stream op's are. Two replays of one graph run one after the
+    ///   other; the second's launch waits for the first's capture.
+    /// - All ops go to one stream, in recorded order: the lanes the ops
+    ///   declared, and their parallelism inside the graph, are given up.
+    /// - Failures: a body's error or panic during the capture fails that
+    ///   replay (poisoning what the graph mutates) and leaves the graph
+    ///   uncaptured: the next replay captures again. A failure of a
+    ///   launch's work (a host function's `Err`, a device error) fails
+    ///   that replay and poisons what the graph mutates, as any device
+    ///   op's; a poisoned input skips the whole launch. The graph stays
+    ///   usable either way.
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor, Lane};
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    ///
+    /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(2)).build()?;
+    /// let gpu = engine.device("gpu").unwrap();
+    /// let x = engine.var(Arc::new(AtomicU64::new(1)));
+    /// let graph = engine.record(|rec| {
+    ///     rec.capture();
+    ///     for lane in [Lane::Compute(0), Lane::Compute(1)] {
+    ///         rec.op().on(gpu).lane(lane).mutates(&[&x]).run({
+    ///             let k = x.key();
+    ///             move |ctx| {
+    ///                 let x = ctx.write(k)?.clone(); // host side: at the capture only
+    ///                 Ok(ctx.stream()?.enqueue_repeatable(move || {
+    ///                     x.store(x.load(SeqCst) * 2, SeqCst); // at every launch
+    ///                     Ok(())
+    ///                 })?)
+    ///             }
+    ///         })?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// graph.replay().wait()?; // captures, then launches
+    /// graph.replay().wait()?; // launches
+    /// assert!(graph.is_captured());
+    /// let k = x.key();
+    /// let got = engine.push(&[&x], &[], move |ctx| Ok(ctx.read(k)?.load(SeqCst)))?;
+    /// assert_eq!(got.wait()?, 16);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn capture(&mut self) -> &mut Self {
+        self.capture = true;
+        self
+    }
+
     /// Starts declaring an op, as [`Engine::op`] does.
     pub fn op(&mut self) -> RecordOp<'_, 'e> {
         RecordOp {
@@ -204,11 +281,25 @@ impl<'e> Recorder<'e> {
         let shared = self.engine.shared();
         let mut analysed = analyse(self.recording, shared.clone())?;
         analysed.mutates.push(Box::new(Var::new(shared.id, ())));
+        let capture = match self.capture {
+            true => {
+                let capturing = capturing(&analysed.runtime, analysed.plan.buffers.len())?;
+                // A launch op only reads the token: a failed launch must not
+                // poison it (no later launch would run), and launches are
+                // ordered by what they mutate and their lane (see
+                // `graph::capture`).
+                let token = analysed.mutates.pop().expect("the token");
+                analysed.reads.push(token);
+                Some(Arc::new(capturing))
+            }
+            false => None,
+        };
         Ok(Graph {
             inner: Arc::new(GraphInner {
                 analysed,
                 engine: Arc::downgrade(&self.engine.handle),
                 name: self.name,
+                capture,
             }),
         })
     }
@@ -448,6 +539,8 @@ struct GraphInner {
     analysed: Analysed<Shared>,
     engine: Weak<ShutdownOnDrop>,
     name: Option<Arc<str>>,
+    /// A captured graph's state (`Recorder::capture`).
+    capture: Option<Arc<Capturing>>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -480,6 +573,9 @@ impl Graph {
     /// op). So a pushed op on a boundary variable waits for the whole
     /// replay, not only for the recorded ops on that variable.
     ///
+    /// A captured graph's replay ([`Recorder::capture`]) is one device op
+    /// instead, launching the captured device graph.
+    ///
     /// Errors come through the future: [`Error::ShutDown`] once the engine
     /// is shut down or dropped, [`Error::Deleted`] for a deleted boundary
     /// variable, and the first failure of the replay's ops.
@@ -490,8 +586,43 @@ impl Graph {
     }
 
     fn push_replay(&self) -> Result<OpHandle<Option<Error>>, Error> {
+        if let Some(capturing) = &self.inner.capture {
+            return self.push_launch(capturing);
+        }
         let (engine, spec, body) = self.replay_op()?;
         engine.push_spec(spec, body)
+    }
+
+    /// A captured graph's replay: one launch op on its device and lane,
+    /// declaring what the replay's op would (see `graph::capture`).
+    fn push_launch(&self, capturing: &Arc<Capturing>) -> Result<OpHandle<Option<Error>>, Error> {
+        let inner = &*self.inner;
+        let handle = inner.engine.upgrade().ok_or(Error::ShutDown)?;
+        let engine = Engine { handle };
+        let a = &inner.analysed;
+        let mut spec = OpSpec::new(distinct_edges(&a.reads, &a.mutates, engine.shared().id)?);
+        spec.device_index = capturing.device;
+        spec.lane = Some(capturing.lane);
+        spec.name = Some(match &inner.name {
+            Some(name) => Cow::Owned(format!("replay {name}")),
+            None => Cow::Borrowed("replay"),
+        });
+        let body = CapturedBody::new(a.runtime.clone(), capturing.clone());
+        engine.push_spec(spec, body)
+    }
+
+    /// Whether replays launch a captured device graph
+    /// ([`Recorder::capture`]) and a replay has captured it (false again
+    /// after a capture failed, until the next one succeeds).
+    pub fn is_captured(&self) -> bool {
+        self.inner.capture.as_ref().is_some_and(|c| c.is_captured())
+    }
+
+    /// How many times a replay ran the recorded bodies under a capture
+    /// (0 for a graph that is not captured): once, unless a capture
+    /// failed.
+    pub fn captures(&self) -> u64 {
+        self.inner.capture.as_ref().map_or(0, |c| c.captures())
     }
 
     /// The replay's op, declared (its variables checked), not pushed.

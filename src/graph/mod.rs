@@ -10,6 +10,7 @@
 //! | `plan` | the memory plan: offsets of the planned buffers in one arena, shared by buffers never live at once |
 //! | `dot` | the graph in Graphviz's DOT |
 //! | `run` | the runtime: resident tasks, the replay's countdowns, the replay's own op |
+//! | `capture` | captured graphs: one launch op per replay, on one stream device, its body capturing the recorded bodies once and launching the device graph |
 //! | `testing` | (tests and loom) graphs recorded on the no-op host of `dep::testing` |
 //! | `info` | what a [`Graph`](crate::Graph) shows of itself: [`GraphOp`], [`GraphEdge`], [`MemoryPlan`] |
 //!
@@ -19,6 +20,7 @@
 //! `dep::Host`.
 
 pub(crate) mod analysis;
+pub(crate) mod capture;
 pub(crate) mod dag;
 pub(crate) mod dot;
 mod info;

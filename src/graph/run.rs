@@ -199,6 +199,11 @@ impl<H: Host> Runtime<H> {
         })
     }
 
+    /// The recorded ops, in recorded order.
+    pub(crate) fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
     fn successors(&self, op: u32) -> &[u32] {
         let s = &self.schedule.succ_start;
         &self.schedule.succ[s[op as usize] as usize..s[op as usize + 1] as usize]

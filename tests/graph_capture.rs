@@ -1,0 +1,536 @@
+//! Captured graphs (`Recorder::capture`) on the simulated GPU: the same
+//! engine path as a CUDA graph's (capture once, launch as one op per
+//! replay), the backend differing only in what capture and launch do.
+//! Values equal uncaptured replays'; bodies' host side runs once; a replay
+//! orders with pushed ops as any replay does; failures poison and the
+//! graph stays usable. (`tests/cuda.rs` runs a captured graph on a GPU.)
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use common::{Mem, gate, gpu_engine, within};
+use depflow::{Device, Engine, Error, Executor, Graph, Lane, Var};
+
+/// `v`'s value, read by a pushed host op (after the device work on it).
+fn read_on_host(engine: &Engine, v: &Var<Mem>) -> u64 {
+    let k = v.key();
+    let got = engine.push(&[v], &[], move |ctx| Ok(ctx.read(k)?.load(SeqCst)));
+    got.unwrap().wait().unwrap()
+}
+
+/// How many captured graphs' launches the device ran.
+fn launches(engine: &Engine, gpu: Device) -> u64 {
+    let v = engine.new_var();
+    let got = engine
+        .op()
+        .on(gpu)
+        .mutates(&[&v])
+        .run(|ctx| Ok(ctx.stream()?.graph_launches()));
+    got.unwrap().wait().unwrap()
+}
+
+/// Counts the runs of bodies' host side.
+#[derive(Clone, Default)]
+struct Runs(Arc<AtomicU64>);
+
+impl Runs {
+    fn bump(&self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(SeqCst)
+    }
+}
+
+/// Records a program on `gpu` over `x` (input), `y` (output) and an
+/// intermediate, on two lanes: `t = x * 3 + 1`, `y = y * 7 + t`, `x += 2`,
+/// each as repeatable device work. `runs` counts the bodies' host side.
+fn program(
+    engine: &Engine,
+    gpu: Device,
+    x: &Var<Mem>,
+    y: &Var<Mem>,
+    captured: bool,
+    runs: &Runs,
+) -> Graph {
+    engine
+        .record(|rec| {
+            if captured {
+                rec.capture();
+            }
+            let t = rec.var(Mem::default());
+            let (xk, yk, tk) = (x.key(), y.key(), t.key());
+            let r = runs.clone();
+            rec.op()
+                .name("t")
+                .on(gpu)
+                .lane(Lane::Compute(0))
+                .reads(&[x])
+                .mutates(&[&t])
+                .run(move |ctx| {
+                    r.bump();
+                    let (x, t) = (ctx.read(xk)?.clone(), ctx.write(tk)?.clone());
+                    Ok(ctx.stream()?.enqueue_repeatable(move || {
+                        t.store(x.load(SeqCst) * 3 + 1, SeqCst);
+                        Ok(())
+                    })?)
+                })?;
+            let r = runs.clone();
+            rec.op()
+                .name("y")
+                .on(gpu)
+                .lane(Lane::Compute(1))
+                .reads(&[&t])
+                .mutates(&[y])
+                .run(move |ctx| {
+                    r.bump();
+                    let (t, y) = (ctx.read(tk)?.clone(), ctx.write(yk)?.clone());
+                    Ok(ctx.stream()?.simulate_repeatable(move || {
+                        y.store(y.load(SeqCst) * 7 + t.load(SeqCst), SeqCst);
+                        Ok(())
+                    })?)
+                })?;
+            let r = runs.clone();
+            rec.op()
+                .name("x")
+                .on(gpu)
+                .lane(Lane::HostToDevice)
+                .mutates(&[x])
+                .run(move |ctx| {
+                    r.bump();
+                    let x = ctx.write(xk)?.clone();
+                    Ok(ctx.stream()?.enqueue_repeatable(move || {
+                        x.fetch_add(2, SeqCst);
+                        Ok(())
+                    })?)
+                })
+        })
+        .unwrap()
+}
+
+#[test]
+fn captured_replays_give_the_values_of_uncaptured_ones() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let mut seen = Vec::new();
+        for captured in [false, true] {
+            let (x, y) = (engine.var(Mem::default()), engine.var(Mem::default()));
+            let runs = Runs::default();
+            let graph = program(&engine, gpu, &x, &y, captured, &runs);
+            let mut values = Vec::new();
+            for round in 0..4u64 {
+                // A pushed op between replays changes the input.
+                let xk = x.key();
+                engine
+                    .op()
+                    .on(gpu)
+                    .mutates(&[&x])
+                    .run(move |ctx| {
+                        let x = ctx.write(xk)?.clone();
+                        Ok(ctx.stream()?.enqueue(move || {
+                            x.fetch_add(round * 5, SeqCst);
+                            Ok(())
+                        })?)
+                    })
+                    .unwrap();
+                graph.replay().wait().unwrap();
+                values.push((read_on_host(&engine, &x), read_on_host(&engine, &y)));
+            }
+            // Unrolled replays without waiting.
+            for _ in 0..3 {
+                graph.replay();
+            }
+            engine.wait_all().wait().unwrap();
+            values.push((read_on_host(&engine, &x), read_on_host(&engine, &y)));
+            assert_eq!(graph.is_captured(), captured);
+            seen.push(values);
+        }
+        assert_eq!(
+            seen[0], seen[1],
+            "captured replays differ from uncaptured ones"
+        );
+    });
+}
+
+#[test]
+fn bodies_run_once_and_each_replay_is_one_launch() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let (x, y) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let runs = Runs::default();
+        let graph = program(&engine, gpu, &x, &y, true, &runs);
+        assert!(!graph.is_captured(), "captured before any replay");
+        assert_eq!(runs.get(), 0, "nothing runs while recording");
+        let before = launches(&engine, gpu);
+        for _ in 0..5 {
+            graph.replay().wait().unwrap();
+        }
+        assert_eq!(runs.get(), 3, "each body's host side ran once");
+        assert_eq!(graph.captures(), 1);
+        assert_eq!(launches(&engine, gpu) - before, 5, "one launch per replay");
+        // The device work ran at every launch: x went up by 2 five times.
+        assert_eq!(read_on_host(&engine, &x), 10);
+    });
+}
+
+#[test]
+fn a_captured_replay_orders_with_pushed_ops_before_and_after() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let (x, y) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let graph = engine
+            .record(|rec| {
+                rec.capture();
+                let (xk, yk) = (x.key(), y.key());
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(1))
+                    .reads(&[&x])
+                    .mutates(&[&y])
+                    .run(move |ctx| {
+                        let (x, y) = (ctx.read(xk)?.clone(), ctx.write(yk)?.clone());
+                        Ok(ctx.stream()?.enqueue_repeatable(move || {
+                            y.store(x.load(SeqCst) * 10 + 5, SeqCst);
+                            Ok(())
+                        })?)
+                    })
+            })
+            .unwrap();
+        for round in 1..=3u64 {
+            let (open, shut) = gate();
+            // Pushed before, on another lane: device work on x, held at the gate.
+            let xk = x.key();
+            let producer = engine
+                .op()
+                .on(gpu)
+                .lane(Lane::Compute(0))
+                .mutates(&[&x])
+                .run(move |ctx| {
+                    let x = ctx.write(xk)?.clone();
+                    Ok(ctx.stream()?.enqueue(move || {
+                        shut.pass();
+                        x.store(round, SeqCst);
+                        Ok(())
+                    })?)
+                })
+                .unwrap();
+            let replay = graph.replay();
+            // Pushed after: device work on y on a third lane, and a host op.
+            let yk = y.key();
+            let consumer = engine
+                .op()
+                .on(gpu)
+                .lane(Lane::HostToDevice)
+                .mutates(&[&y])
+                .run(move |ctx| {
+                    let y = ctx.write(yk)?.clone();
+                    Ok(ctx.stream()?.enqueue(move || {
+                        y.store(y.load(SeqCst) * 10 + 7, SeqCst);
+                        Ok(())
+                    })?)
+                })
+                .unwrap();
+            let on_host = engine
+                .push(&[&y], &[], move |ctx| Ok(ctx.read(yk)?.load(SeqCst)))
+                .unwrap();
+            open.send(()).unwrap();
+            producer.wait().unwrap();
+            replay.wait().unwrap();
+            consumer.wait().unwrap();
+            assert_eq!(on_host.wait().unwrap(), (round * 10 + 5) * 10 + 7);
+        }
+        assert_eq!(graph.captures(), 1);
+    });
+}
+
+#[test]
+fn two_replays_in_flight_capture_once_and_run_in_order() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let m = engine.var(Mem::default());
+        let runs = Runs::default();
+        let graph = engine
+            .record(|rec| {
+                rec.capture();
+                let k = m.key();
+                let r = runs.clone();
+                rec.op().on(gpu).mutates(&[&m]).run(move |ctx| {
+                    r.bump();
+                    let m = ctx.write(k)?.clone();
+                    Ok(ctx.stream()?.enqueue_repeatable(move || {
+                        m.store(m.load(SeqCst) * 10 + 1, SeqCst);
+                        Ok(())
+                    })?)
+                })
+            })
+            .unwrap();
+        // Held behind a pushed op so that both replays wait at once, then
+        // pushed from two threads.
+        let (open, shut) = gate();
+        let k = m.key();
+        engine
+            .op()
+            .on(gpu)
+            .mutates(&[&m])
+            .run(move |ctx| {
+                let m = ctx.write(k)?.clone();
+                Ok(ctx.stream()?.enqueue(move || {
+                    shut.pass();
+                    m.store(2, SeqCst);
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        let replays: Vec<_> = (0..2)
+            .map(|_| {
+                let graph = graph.clone();
+                std::thread::spawn(move || graph.replay())
+            })
+            .map(|t| t.join().unwrap())
+            .collect();
+        open.send(()).unwrap();
+        for replay in replays {
+            replay.wait().unwrap();
+        }
+        assert_eq!(runs.get(), 1, "captured once");
+        assert_eq!(read_on_host(&engine, &m), 211);
+    });
+}
+
+#[test]
+fn a_failed_launch_poisons_and_the_next_replay_works() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (x, y) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let fail = Arc::new(AtomicBool::new(false));
+        let graph = engine
+            .record(|rec| {
+                rec.capture().name("g");
+                let (xk, yk) = (x.key(), y.key());
+                let f = fail.clone();
+                rec.op()
+                    .on(gpu)
+                    .reads(&[&x])
+                    .mutates(&[&y])
+                    .run(move |ctx| {
+                        let (x, y) = (ctx.read(xk)?.clone(), ctx.write(yk)?.clone());
+                        let f = f.clone();
+                        Ok(ctx.stream()?.enqueue_repeatable(move || {
+                            if f.load(SeqCst) {
+                                return Err("illegal address".to_string());
+                            }
+                            y.fetch_add(x.load(SeqCst) + 1, SeqCst);
+                            Ok(())
+                        })?)
+                    })
+            })
+            .unwrap();
+        graph.replay().wait().unwrap();
+        fail.store(true, SeqCst);
+        match graph.replay().wait() {
+            Err(Error::Failed(f)) => {
+                assert_eq!(f.op_name(), Some("replay g"));
+                assert!(f.message().contains("illegal address"), "{f:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match engine.wait_for_var(&y).wait() {
+            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("replay g")),
+            other => panic!("{other:?}"),
+        }
+        // A poisoned input skips the whole launch.
+        match graph.replay().wait() {
+            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("replay g")),
+            other => panic!("{other:?}"),
+        }
+        fail.store(false, SeqCst);
+        engine.clear_poison(&y).unwrap();
+        graph.replay().wait().unwrap();
+        assert_eq!(
+            read_on_host(&engine, &y),
+            2,
+            "one good launch before, one after"
+        );
+        assert_eq!(graph.captures(), 1, "a failed launch keeps the capture");
+        assert!(graph.is_captured());
+    });
+}
+
+#[test]
+fn a_body_error_at_capture_fails_the_replay_and_the_next_one_captures_again() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let m = engine.var(Mem::default());
+        let refuse = Arc::new(AtomicBool::new(true));
+        let graph = engine
+            .record(|rec| {
+                rec.capture();
+                let k = m.key();
+                let refuse = refuse.clone();
+                rec.op()
+                    .name("kernel")
+                    .on(gpu)
+                    .mutates(&[&m])
+                    .run(move |ctx| {
+                        if refuse.load(SeqCst) {
+                            return Err("no".into());
+                        }
+                        let m = ctx.write(k)?.clone();
+                        Ok(ctx.stream()?.enqueue_repeatable(move || {
+                            m.fetch_add(1, SeqCst);
+                            Ok(())
+                        })?)
+                    })
+            })
+            .unwrap();
+        match graph.replay().wait() {
+            Err(Error::Failed(f)) => {
+                assert!(f.message().contains("op `kernel` (0)"), "{f:?}");
+                assert!(f.message().contains("captured: no"), "{f:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!graph.is_captured());
+        assert!(matches!(
+            engine.wait_for_var(&m).wait(),
+            Err(Error::Poisoned(_))
+        ));
+        engine.clear_poison(&m).unwrap();
+        refuse.store(false, SeqCst);
+        for _ in 0..3 {
+            graph.replay().wait().unwrap();
+        }
+        assert!(graph.is_captured());
+        assert_eq!(graph.captures(), 2);
+        assert_eq!(read_on_host(&engine, &m), 3);
+    });
+}
+
+#[test]
+fn one_shot_work_is_refused_while_capturing() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let m = engine.var(Mem::default());
+        let graph = engine
+            .record(|rec| {
+                rec.capture();
+                let k = m.key();
+                rec.op().on(gpu).mutates(&[&m]).run(move |ctx| {
+                    let m = ctx.write(k)?.clone();
+                    Ok(ctx.stream()?.enqueue(move || {
+                        m.fetch_add(1, SeqCst);
+                        Ok(())
+                    })?)
+                })
+            })
+            .unwrap();
+        match graph.replay().wait() {
+            Err(Error::Failed(f)) => {
+                assert!(f.message().contains("enqueue_repeatable"), "{f:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!graph.is_captured());
+    });
+}
+
+#[test]
+fn graphs_not_on_one_stream_device_are_refused() {
+    let engine = Engine::builder()
+        .threads(1)
+        .device("gpu", Executor::simulated_gpu(1))
+        .device("gpu2", Executor::simulated_gpu(1))
+        .build()
+        .unwrap();
+    let (gpu, gpu2) = (
+        engine.device("gpu").unwrap(),
+        engine.device("gpu2").unwrap(),
+    );
+    let v = engine.new_var();
+    let slot = engine.new_resource("slot", 1);
+    let refused =
+        |f: &dyn Fn(&mut depflow::Recorder<'_>) -> Result<(), Error>| match engine.record(|rec| {
+            rec.capture();
+            f(rec)
+        }) {
+            Err(Error::Graph(m)) => m,
+            other => panic!("{other:?}"),
+        };
+    let m = refused(&|rec| {
+        rec.op().on(gpu).mutates(&[&v]).run(|_| Ok(()))?;
+        rec.op().name("host").mutates(&[&v]).run(|_| Ok(()))
+    });
+    assert!(m.contains("op `host` (1) is a host op"), "{m}");
+    let m = refused(&|rec| {
+        rec.op().on(gpu).mutates(&[&v]).run(|_| Ok(()))?;
+        rec.op().on(gpu2).mutates(&[&v]).run(|_| Ok(()))
+    });
+    assert!(m.contains("op 1 runs on another device"), "{m}");
+    let m = refused(&|rec| {
+        rec.op()
+            .on(gpu)
+            .mutates(&[&v])
+            .uses(&slot, 1)
+            .run(|_| Ok(()))
+    });
+    assert!(m.contains("resource units"), "{m}");
+    let m = refused(&|rec| {
+        let b = rec.buffer::<f32>(4);
+        rec.op().on(gpu).mutates(&[&b]).run(|_| Ok(()))
+    });
+    assert!(m.contains("planned buffers"), "{m}");
+    let m = refused(&|_| Ok(()));
+    assert!(m.contains("no ops"), "{m}");
+    // Uncaptured, the same graphs are fine.
+    engine
+        .record(|rec| {
+            rec.op().on(gpu).mutates(&[&v]).run(|_| Ok(()))?;
+            rec.op().mutates(&[&v]).run(|_| Ok(()))
+        })
+        .unwrap();
+}
+
+#[test]
+fn shutdown_waits_for_a_launch_and_drop_after_values_live_with_the_graph() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let raw = Mem::default();
+        let m = engine.var(raw.clone());
+        let (open, shut) = gate();
+        let shut = Arc::new(Mutex::new(Some(shut)));
+        let kept = common::DropCount::default();
+        let graph = engine
+            .record(|rec| {
+                rec.capture();
+                let k = m.key();
+                let kept = kept.clone();
+                rec.op().on(gpu).mutates(&[&m]).run(move |ctx| {
+                    let m = ctx.write(k)?.clone();
+                    let stream = ctx.stream()?;
+                    stream.drop_after(kept.token());
+                    let shut = shut.clone();
+                    Ok(stream.enqueue_repeatable(move || {
+                        if let Some(gate) = shut.lock().unwrap().take() {
+                            gate.pass();
+                        }
+                        m.fetch_add(1, SeqCst);
+                        Ok(())
+                    })?)
+                })
+            })
+            .unwrap();
+        let replay = graph.replay();
+        graph.replay();
+        let shutdown = engine.shutdown();
+        open.send(()).unwrap();
+        shutdown.wait().unwrap();
+        assert_eq!(raw.load(SeqCst), 2, "shut down before the launches' work");
+        replay.wait().unwrap();
+        assert_eq!(kept.dropped(), 0, "dropped while the graph lives");
+        drop(graph);
+        assert_eq!(kept.dropped(), 1);
+    });
+}
