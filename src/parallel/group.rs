@@ -301,9 +301,11 @@ impl GroupBuilder {
     /// The program's own collectives on `ranks` interleave with the
     /// group's in push order: push them from the thread that steps, in the
     /// same order on every rank. A gradient that fails on one rank only
-    /// skips that rank's collectives, and the other ranks then wait for
-    /// them (MPI has no recovery): treat a failed step as the end of the
-    /// job.
+    /// fails the step's cross-rank collectives on every rank (each carries
+    /// a status word: see [`Communicator`]), so every rank's sums and
+    /// replicas are poisoned and no rank waits forever; after
+    /// [`clear_poison`](Group::clear_poison) on every rank the ranks train
+    /// on in step.
     #[cfg(feature = "mpi")]
     pub fn across_ranks(mut self, ranks: &Communicator) -> Self {
         self.ranks = Some(ranks.clone());
