@@ -316,16 +316,9 @@ impl GroupBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Parallel`] for no devices, a device given twice, a zero
-    /// input width, or (`mpi`) [`Update::Host`] across ranks; the engine's
-    /// error for a device of another engine.
+    /// [`Error::Parallel`] for no devices, a device given twice, or a zero
+    /// input width; the engine's error for a device of another engine.
     pub fn build(self) -> Result<Group, Error> {
-        #[cfg(feature = "mpi")]
-        if self.ranks.is_some() && self.update == Update::Host {
-            return Err(Error::Parallel(
-                "a group across ranks updates every replica: Update::Host sums on one host".into(),
-            ));
-        }
         if self.devices.is_empty() {
             return Err(Error::Parallel("a group of no devices".into()));
         }

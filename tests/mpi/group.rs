@@ -19,8 +19,8 @@
 //!   every rank, for any rank count (2, 3, 4), are bit-identical to the
 //!   1-rank run on the same global batches over as many devices;
 //! - a rank with another device count, or parameters of other lengths,
-//!   fails the first step, on every rank alike; `Update::Host` across ranks
-//!   is refused at build.
+//!   fails the first step, on every rank alike;
+//! - `Update::Host` across ranks gives the on-device update's weights.
 
 use depflow::parallel::{Group, Update, serial_sum};
 use depflow::{Communicator, Engine, Error, Executor};
@@ -127,11 +127,26 @@ fn train(
     devices: usize,
     data: Data,
 ) -> Result<(Vec<Vec<f32>>, Vec<f32>), Error> {
+    train_with(engine, comm, devices, data, Update::EveryReplica)
+}
+
+/// [`train`] with the optimizer where `update` says.
+fn train_with(
+    engine: &Engine,
+    comm: Option<&Communicator>,
+    devices: usize,
+    data: Data,
+    update: Update,
+) -> Result<(Vec<Vec<f32>>, Vec<f32>), Error> {
     let dyadic = data == Data::Dyadic;
     let quantized = data == Data::Quantized;
     let (rank, size) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
     let devs = (0..devices).map(|d| engine.device(&format!("d{d}")).unwrap());
-    let mut builder = Group::builder(engine).devices(devs).input(WIDTH).input(1);
+    let mut builder = Group::builder(engine)
+        .devices(devs)
+        .input(WIDTH)
+        .input(1)
+        .update(update);
     if !dyadic {
         builder = builder.optimizer(sgd);
     }
@@ -236,13 +251,24 @@ pub fn checks(world: &mpi::topology::SimpleCommunicator) {
         one_rank_fails(&engine, &comm);
     }
 
-    // Update::Host does not span ranks.
-    let r = Group::builder(&engine)
-        .device(engine.device("d0").unwrap())
-        .update(Update::Host)
-        .across_ranks(&comm)
-        .build();
-    assert!(matches!(r, Err(Error::Parallel(_))), "{r:?}");
+    // Update::Host across ranks: each rank's host sums its devices, the
+    // sums are all-reduced across ranks, the host updates once and copies
+    // back: the weights of the on-device update, bit for bit (quantized:
+    // on any rank count; plain data on 1 or 2 ranks, where MPI's order of
+    // summation is one addition).
+    let (host, _) = train_with(&engine, Some(&comm), 2, Data::Quantized, Update::Host).unwrap();
+    assert!(
+        host.iter().all(|w| *w == weights[0]),
+        "rank {rank}: Update::Host differs"
+    );
+    if size <= 2 {
+        let (host, _) = train_with(&engine, Some(&comm), 2, Data::Plain, Update::Host).unwrap();
+        let (every, _) = train(&engine, Some(&comm), 2, Data::Plain).unwrap();
+        assert!(
+            host.iter().all(|w| *w == every[0]),
+            "rank {rank}: Update::Host differs"
+        );
+    }
 
     // Another device count on the last rank: the first step fails on
     // every rank.
