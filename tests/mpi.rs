@@ -3,12 +3,16 @@
 //!
 //! `cargo test --features mpi --test mpi` runs it as one rank (MPI's
 //! singleton) and, where `mpirun` is on the PATH, first runs itself under
-//! `mpirun -np 2` and checks that both ranks passed and printed the same
-//! digest of their results as the 1-rank run on the same global data. The
-//! data-parallel group across ranks (`mpi/group.rs`, 2 local devices per
-//! rank) is checked the same way: both ranks' weights identical and equal
-//! to the serial reference in the group's order of summation, which the
-//! 1-rank process computes too.
+//! `mpirun -np 2`, `-np 3` (not a power of two) and `-np 4`
+//! (oversubscribed; each bounded: a hang fails) and checks that every rank
+//! passed and printed the same digest of its results as the 1-rank run on
+//! the same global data. The data-parallel group across ranks
+//! (`mpi/group.rs`, 2 local devices per rank) is checked the same way:
+//! every rank's weights identical and equal to the 1-rank run's where the
+//! sums are exact, and on 2 ranks to the serial reference in the group's
+//! order of summation, which the 1-rank process computes too. A failure on
+//! one rank (`one_rank_fails`) fails the collective on every rank, and the
+//! ranks go on in step.
 //! Without `mpirun` it says so and runs the 1-rank checks only. Under
 //! `mpirun` directly (`mpirun -np 2 target/debug/deps/mpi-*`) it runs the
 //! checks on every rank.
