@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --features mpi --bench mpi_allreduce --no-run
-//! mpirun -np 2 target/release/deps/mpi_allreduce-* [--quick]   # as root: --allow-run-as-root
+//! mpirun -np 2 target/release/deps/mpi_allreduce-* [--quick] [--size BYTES]...   # as root: --allow-run-as-root
 //! ```
 //!
 //! Per size, rank 0 prints the median over blocks of the mean time per
@@ -65,7 +65,18 @@ fn main() {
             "", "µs", "+Wait µs", "µs", "direct", "GB/s", "GB/s", "in flight µs"
         );
     }
-    let sizes: Vec<usize> = (0..=8).map(|i| KIB << (2 * i)).collect(); // 1 KiB .. 64 MiB
+    // `--size BYTES` (repeatable): only those sizes.
+    let args: Vec<String> = std::env::args().collect();
+    let chosen: Vec<usize> = args
+        .windows(2)
+        .filter(|w| w[0] == "--size")
+        .map(|w| w[1].parse().expect("--size takes a byte count"))
+        .collect();
+    let sizes: Vec<usize> = if chosen.is_empty() {
+        (0..=8).map(|i| KIB << (2 * i)).collect() // 1 KiB .. 64 MiB
+    } else {
+        chosen
+    };
     for bytes in sizes {
         let n = bytes / 4;
         // Enough calls per block for ~20 ms at 1 GB/s, 2 to 200 of them.

@@ -3,12 +3,16 @@
 //!
 //! `cargo test --features mpi --test mpi` runs it as one rank (MPI's
 //! singleton) and, where `mpirun` is on the PATH, first runs itself under
-//! `mpirun -np 2` and checks that both ranks passed and printed the same
-//! digest of their results as the 1-rank run on the same global data. The
-//! data-parallel group across ranks (`mpi/group.rs`, 2 local devices per
-//! rank) is checked the same way: both ranks' weights identical and equal
-//! to the serial reference in the group's order of summation, which the
-//! 1-rank process computes too.
+//! `mpirun -np 2`, `-np 3` (not a power of two) and `-np 4`
+//! (oversubscribed; each bounded: a hang fails) and checks that every rank
+//! passed and printed the same digest of its results as the 1-rank run on
+//! the same global data. The data-parallel group across ranks
+//! (`mpi/group.rs`, 2 local devices per rank) is checked the same way:
+//! every rank's weights identical and equal to the 1-rank run's where the
+//! sums are exact, and on 2 ranks to the serial reference in the group's
+//! order of summation, which the 1-rank process computes too. A failure on
+//! one rank (`one_rank_fails`) fails the collective on every rank, and the
+//! ranks go on in step.
 //! Without `mpirun` it says so and runs the 1-rank checks only. Under
 //! `mpirun` directly (`mpirun -np 2 target/debug/deps/mpi-*`) it runs the
 //! checks on every rank.
@@ -26,7 +30,7 @@ use mpi::traits::Communicator as _;
 /// Global data: `SHARDS` shards, rank `r` of `n` holds shards `r, r+n, ...`
 /// (summed locally before the all-reduce). Values are small dyadic
 /// rationals, so every summation order gives the same bits.
-const SHARDS: usize = 2;
+const SHARDS: usize = 12;
 const LEN: usize = 1000;
 
 fn shard(s: usize) -> Vec<f64> {
@@ -128,6 +132,8 @@ fn checks(world: &mpi::topology::SimpleCommunicator) {
     issue_order_is_push_order(&engine, &comm);
     many_in_flight(&engine, &comm);
     errors(&engine, &comm);
+    one_rank_fails(&engine, &comm);
+    waiting_costs_no_core(&engine, &comm);
 
     // A collective pushed but not issued when the communicator shuts down
     // fails (on every rank, without an MPI call), as does one pushed after.
@@ -280,38 +286,237 @@ fn errors(engine: &Engine, comm: &Communicator) {
     engine.wait_all().wait().ok(); // the failures above, recorded
 }
 
-/// Runs this binary under `mpirun -np 2`; returns the digests its ranks
-/// printed (`digest:` and `group digest:` lines), or `None` without `mpirun`.
-fn two_ranks() -> Option<Vec<String>> {
+/// The message of a collective's own failure (`Error::Collective`).
+fn collective_message<T: std::fmt::Debug>(r: &Result<T, Error>) -> Option<String> {
+    match r {
+        Err(e @ Error::Failed(_)) => match std::error::Error::source(e)?.downcast_ref::<Error>() {
+            Some(Error::Collective(m)) => Some(m.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A failure on one rank reaches the others: a collective skipped or
+/// refused on one rank fails on every rank (naming that rank), instead of
+/// leaving the others waiting in MPI; the collectives after it still run,
+/// in step. Waits are bounded: a hang fails the check.
+fn one_rank_fails(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    if size < 2 {
+        return;
+    }
+    let limit = Duration::from_secs(60);
+    let last = size - 1;
+
+    // The last rank's input is poisoned by a failed op: its all-reduce is
+    // skipped there; every other rank's fails, naming it.
+    let v = engine.var(vec![1.0f64; 64]);
+    if rank == last {
+        engine
+            .op()
+            .name("load")
+            .mutates(&[&v])
+            .run(|_| Err::<(), _>("no data on this rank".into()))
+            .unwrap();
+    }
+    let r = comm
+        .all_reduce(&v)
+        .name("grad")
+        .push()
+        .unwrap()
+        .wait_timeout(limit);
+    if rank == last {
+        assert!(
+            matches!(&r, Err(Error::Poisoned(c)) if c.op_name() == Some("load")),
+            "{r:?}"
+        );
+    } else {
+        let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
+        assert!(
+            m.starts_with(&format!(
+                "grad: rank {last} failed its part (its op did not run"
+            )),
+            "{m}"
+        );
+        // Its output is poisoned by that failure.
+        let after = engine.push(&[&v], &[], |_| Ok(())).unwrap().wait();
+        assert!(matches!(after, Err(Error::Poisoned(_))), "{after:?}");
+    }
+
+    // Rank 0 refuses an all-gather (its output has the wrong length there
+    // only): every rank fails it, the others naming rank 0.
+    let input = engine.var(vec![rank as u16; 2]);
+    let len = if rank == 0 { 2 * size + 1 } else { 2 * size };
+    let output = engine.var(vec![0u16; len]);
+    let r = comm
+        .all_gather(&input, &output)
+        .name("gather")
+        .push()
+        .unwrap()
+        .wait_timeout(limit);
+    let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
+    if rank == 0 {
+        assert!(m.contains("the output holds"), "{m}");
+    } else {
+        assert!(
+            m.starts_with("gather: rank 0 failed its part (its op refused"),
+            "{m}"
+        );
+    }
+
+    // A broadcast whose root's value is poisoned fails on every rank.
+    let b = engine.var(vec![rank as i32; 3]);
+    if rank == 0 {
+        engine
+            .op()
+            .mutates(&[&b])
+            .run(|_| Err::<(), _>("bad root".into()))
+            .unwrap();
+    }
+    let r = comm.broadcast(&b, 0).push().unwrap().wait_timeout(limit);
+    if rank != 0 {
+        let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
+        assert!(m.contains("rank 0 failed its part"), "{m}");
+    } else {
+        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+    }
+
+    // Several in flight, one of them skipped on one rank: only that one
+    // fails, and the ranks stay in step for the others and those after.
+    let vars: Vec<Var<Vec<u32>>> = (0..8)
+        .map(|i| engine.var(vec![i; 100 + i as usize]))
+        .collect();
+    if rank == last {
+        engine
+            .op()
+            .mutates(&[&vars[3]])
+            .run(|_| Err::<(), _>("late".into()))
+            .unwrap();
+    }
+    let handles: Vec<_> = vars
+        .iter()
+        .map(|v| comm.all_reduce(v).push().unwrap())
+        .collect();
+    for (i, mut h) in handles.into_iter().enumerate() {
+        let r = h.wait_timeout(limit);
+        if i == 3 {
+            assert!(r.is_err(), "rank {rank}: {r:?}");
+        } else {
+            r.unwrap_or_else(|e| panic!("rank {rank}, collective {i}: {e:?}"));
+            let want = vec![i as u32 * size as u32; 100 + i];
+            assert_eq!(engine.get(&vars[i]).wait().unwrap(), want);
+        }
+    }
+    engine.wait_all().wait().ok(); // the failures above, recorded
+}
+
+/// Whether `mpirun` is Open MPI's (the flags below are), saying why not.
+fn have_mpirun() -> bool {
     let version = Command::new("mpirun").arg("--version").output();
     let Ok(version) = version else {
-        println!("mpi: SKIPPED the 2-rank checks: no mpirun on the PATH");
-        return None;
+        println!("mpi: SKIPPED the multi-rank checks: no mpirun on the PATH");
+        return false;
     };
     if !String::from_utf8_lossy(&version.stdout).contains("Open MPI") {
-        // The flags below are Open MPI's.
-        println!("mpi: SKIPPED the 2-rank checks: mpirun is not Open MPI's");
-        return None;
+        println!("mpi: SKIPPED the multi-rank checks: mpirun is not Open MPI's");
+        return false;
     }
+    true
+}
+
+/// This process's CPU time (user + system), in seconds, from
+/// `/proc/self/stat` (clock ticks of 1/100 s on Linux).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime: fields 14 and 15, the 12th and 13th after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+/// A collective in flight while its peer is late costs no core: the
+/// progress thread backs off to naps instead of spinning. Rank 1 comes to
+/// the all-reduce a second late; rank 0 measures its own CPU time over its
+/// wait. Spinning (or yielding) would use one core, about the whole wait;
+/// the bound is half of it (generous: a loaded machine only lowers it).
+fn waiting_costs_no_core(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    if size < 2 {
+        return;
+    }
+    let v = engine.var(vec![1.0f32; 16]);
+    gathered(engine, comm, 0); // the ranks start together
+    if rank == 1 {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (cpu, start) = (cpu_seconds(), std::time::Instant::now());
+    comm.all_reduce(&v).push().unwrap().wait().unwrap();
+    let (cpu, wall) = (cpu_seconds() - cpu, start.elapsed().as_secs_f64());
+    if rank == 0 {
+        println!("rank 0 waited {wall:.3} s for a late rank, using {cpu:.2} s of CPU");
+        assert!(wall > 0.5, "rank 1 was not late ({wall} s)");
+        assert!(
+            cpu < 0.5 * wall,
+            "the progress thread used {cpu:.2} s of CPU over a {wall:.2} s wait"
+        );
+    }
+}
+
+/// Runs this binary under `mpirun -np {ranks}` (oversubscribed: this
+/// machine may have fewer cores), at most `DEADLINE` (a hang fails);
+/// returns the digest lines its ranks printed (`digest:`, `group digest:`,
+/// `quantized digest:`).
+fn run_ranks(ranks: usize) -> Vec<String> {
+    const DEADLINE: Duration = Duration::from_secs(300);
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(ranks.to_string())
         .arg(exe)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("mpirun");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Read the pipes on threads (a full pipe would stall the ranks).
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut s).ok();
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut s).ok();
+        s
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > DEADLINE {
+            child.kill().ok();
+            child.wait().ok();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = out.join().unwrap();
     print!("{stdout}");
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "mpirun -np 2 failed: {}", out.status);
-    assert_eq!(stdout.matches("all MPI checks passed").count(), 2);
-    assert_eq!(stdout.matches("group checks passed").count(), 2);
-    Some(
-        stdout
-            .lines()
-            .filter(|l| l.starts_with("digest:") || l.starts_with("group digest:"))
-            .map(str::to_string)
-            .collect(),
-    )
+    eprint!("{}", err.join().unwrap());
+    let status =
+        status.unwrap_or_else(|| panic!("mpirun -np {ranks} hung: killed after {DEADLINE:?}"));
+    assert!(status.success(), "mpirun -np {ranks} failed: {status}");
+    assert_eq!(stdout.matches("all MPI checks passed").count(), ranks);
+    assert_eq!(stdout.matches("group checks passed").count(), ranks);
+    stdout
+        .lines()
+        .filter(|l| l.contains("digest:"))
+        .map(str::to_string)
+        .collect()
 }
 
 fn main() {
@@ -321,28 +526,47 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let multi = if under_mpirun { None } else { two_ranks() };
+    // Ranks other than 2 too: 3 (not a power of two) and 4, oversubscribed.
+    let multi: Vec<(usize, Vec<String>)> = if !under_mpirun && have_mpirun() {
+        [2, 3, 4].into_iter().map(|n| (n, run_ranks(n))).collect()
+    } else {
+        Vec::new()
+    };
     let (universe, level) =
         mpi::initialize_with_threading(mpi::Threading::Multiple).expect("MPI initialises");
     assert!(level >= mpi::Threading::Serialized, "{level:?}");
     let world = universe.world();
     checks(&world);
     group::checks(&world);
-    if let Some(digests) = multi {
-        let here = format!("digest: {:016x}", digest(&local_sum(0, 1)));
-        let (plain, groups): (Vec<_>, Vec<_>) =
-            digests.iter().partition(|d| d.starts_with("digest:"));
-        assert_eq!(plain.len(), 2);
+    let here = format!("digest: {:016x}", digest(&local_sum(0, 1)));
+    for (n, digests) in multi {
+        // The 1-rank run on the same global batches over as many devices
+        // (2 per rank: the same rows on each).
+        let single = format!("quantized digest: {:016x}", group::single(2 * n));
+        let of = |prefix: &str| -> Vec<&String> {
+            digests.iter().filter(|d| d.starts_with(prefix)).collect()
+        };
+        let plain = of("digest:");
+        assert_eq!(plain.len(), n);
         assert!(
             plain.iter().all(|d| **d == here),
             "{plain:?} vs the 1-rank {here}"
         );
-        println!("mpi: 2 ranks agree with the 1-rank run ({here})");
-        // The 2-rank group's weights: the reference of 2 ranks x 2
-        // devices, computed here.
-        let want = format!("group digest: {:016x}", digest32(&group::reference(2, 2)));
-        assert_eq!(groups.len(), 2);
-        assert!(groups.iter().all(|d| **d == want), "{groups:?} vs {want}");
-        println!("mpi: the 2-rank group's weights are the reference's ({want})");
+        let quantized = of("quantized digest:");
+        assert_eq!(quantized.len(), n);
+        assert!(
+            quantized.iter().all(|d| **d == single),
+            "{quantized:?} vs the 1-rank {single}"
+        );
+        println!("mpi: {n} ranks agree with the 1-rank run ({here}; the group's {single})");
+        if n == 2 {
+            // The 2-rank group's weights: the reference of 2 ranks x 2
+            // devices, computed here.
+            let want = format!("group digest: {:016x}", digest32(&group::reference(2, 2)));
+            let groups = of("group digest:");
+            assert_eq!(groups.len(), 2);
+            assert!(groups.iter().all(|d| **d == want), "{groups:?} vs {want}");
+            println!("mpi: the 2-rank group's weights are the reference's ({want})");
+        }
     }
 }

@@ -3,31 +3,48 @@
 //! thread that tests their requests and wakes whoever awaits them. It knows
 //! no op: the engine's collective ops (`engine::collective`) take a
 //! [`Ticket`] when pushed and [`submit`](Comm::submit) their buffer when
-//! they run, then await the [`Completion`].
+//! they run, then await the [`Completion`]. What one collective hands MPI
+//! (its status word and its data) is `calls.rs`'s.
 //!
 //! **Design.** A collective is an async op body: it moves its buffer out of
 //! its variable into a [`Pending`] (one allocation), submits it and awaits.
 //! The buffer belongs to the `Pending` until MPI is done with it, so an op
 //! dropped mid-flight (shutdown, a cancelled task) cannot free memory MPI is
-//! still writing: the progress thread holds the `Pending` until its request
-//! completes. This is the stream devices' shape (enqueue, then a poller
-//! completes) without a launcher or fences: no stream orders collectives
-//! other than MPI's own rule, below, and an async body already gives an op
-//! that finishes when woken. One thread per communicator tests the
-//! outstanding requests with `MPI_Testsome`; no thread blocks per
-//! collective. It never sleeps while a request is outstanding: Open MPI's
-//! non-blocking collectives progress only inside MPI calls, so it spins
-//! (then yields) while anything is in flight, and waits on a condition
-//! variable when nothing is.
+//! still writing: the progress thread holds the `Pending` until its
+//! requests complete. This is the stream devices' shape (enqueue, then a
+//! poller completes) without a launcher or fences: no stream orders
+//! collectives other than MPI's own rule, below, and an async body already
+//! gives an op that finishes when woken. One thread per communicator tests
+//! the outstanding requests with `MPI_Testsome`; no thread blocks per
+//! collective.
+//!
+//! **Progress.** Open MPI's non-blocking collectives progress only inside
+//! MPI calls, so while anything is in flight the thread keeps testing: it
+//! spins for [`SPIN_ROUNDS`] rounds without a completion, then yields for
+//! [`YIELD_ROUNDS`], then sleeps between rounds, from [`NAP_MIN`] doubling
+//! up to [`NAP_MAX`]; a completion or a newly issued request starts it
+//! spinning again (an issue wakes a sleeping thread). With nothing in
+//! flight it waits on a condition variable, using no CPU.
 //!
 //! **Issue order.** MPI requires every rank to issue the collectives of a
 //! communicator in the same order. Each collective takes a ticket when it
 //! is pushed (push order, which is the program's order when one thread
 //! pushes them, as it must); its submission is held until every earlier
-//! ticket was issued (or voided: a ticket dropped unsubmitted, e.g. by an
-//! op skipped on a poisoned input), so requests are issued in ticket order
-//! whatever order the ops become ready in. Collectives still overlap each
-//! other and computation: only the issue is ordered.
+//! ticket was issued, so requests are issued in ticket order whatever
+//! order the ops become ready in. Collectives still overlap each other and
+//! computation: only the issue is ordered.
+//!
+//! **A failure on one rank.** A ticket dropped unsubmitted (its op skipped
+//! on a poisoned or deleted input, cancelled, or refusing the collective in
+//! its body) still takes its place: a *stand-in* issues the status word
+//! saying this rank failed and why, and, once it came back, the data call
+//! on a zeroed buffer of the other ranks' length (`calls.rs`). Nothing
+//! later is issued on this rank until then. Every collective's status word
+//! comes back as the maximum over the ranks, so every rank learns that
+//! some rank failed, and its collective fails (poisoning its outputs) with
+//! a message naming the lowest failing rank: a failure propagates to every
+//! rank instead of leaving the others waiting forever in their calls, and
+//! the ranks stay in step for the collectives after it.
 //!
 //! **Threads.** Every MPI call of this module is made under the state lock
 //! (issuing on the thread that submits, testing on the progress thread),
@@ -35,14 +52,26 @@
 //! less); a program that also calls MPI itself on other threads while a
 //! communicator is alive needs `MPI_THREAD_MULTIPLE`.
 //!
-//! **Errors.** The duplicated communicator has `MPI_ERRORS_RETURN`, so an
-//! error code comes back instead of aborting the job: a refused issue, or a
-//! request completing with an error, fails that collective with MPI's
-//! message. What MPI leaves behind after an error is undefined by the
-//! standard (Open MPI 4.1 gives no fault tolerance: the other ranks may
-//! hang in the collective or abort). If `MPI_Testsome` itself fails, every
-//! outstanding collective fails and its buffer is leaked (MPI may still
-//! write to it).
+//! **What MPI recovers from.** The duplicated communicator has
+//! `MPI_ERRORS_RETURN`, so an error code comes back instead of aborting
+//! the job: a refused issue, or a request completing with an error, fails
+//! that collective with MPI's message. That is all MPI (Open MPI 4.1, no
+//! ULFM fault tolerance) offers; it recovers nothing:
+//! - a process that crashes or exits mid-job makes `mpirun` abort the
+//!   whole job (the other ranks are killed); no rank sees an error;
+//! - errors are returned, not repaired: what a communicator is worth after
+//!   one is undefined by the standard. An error MPI returns alike on every
+//!   rank (a datatype or op it refuses, checked at issue) fails the
+//!   collective everywhere and the ranks stay in step; an issue refused on
+//!   one rank only leaves that rank's data call missing, so the others
+//!   wait in theirs (their status words still say nothing failed);
+//! - if `MPI_Testsome` itself fails, every outstanding collective fails,
+//!   its buffer is leaked (MPI may still write to it) and the communicator
+//!   is closed.
+//!
+//! What this module adds is the status word: failures of the *program* on
+//! one rank (an op's error, a poisoned input, a skipped collective) reach
+//! every rank as a failed collective rather than a hang.
 //!
 //! **Shutdown.** [`Comm::shutdown`] stops new issues (later submissions
 //! fail), lets the progress thread complete what is in flight (which needs
@@ -50,28 +79,35 @@
 //! until a deadline and reports what was still outstanding. It must happen
 //! before `MPI_Finalize` (rsmpi's `Universe` drop).
 
-// `unsafe`: calls into the MPI library, and the buffer MPI writes while it
-// sits in its `Pending`; each block says why it is sound.
+// `unsafe`: calls into the MPI library; each block says why it is sound.
 #![allow(unsafe_code)]
 
+mod calls;
+
 use std::collections::VecDeque;
-use std::ffi::{c_int, c_void};
-use std::future::Future;
-use std::pin::Pin;
+use std::ffi::c_int;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mpi::ffi;
-use mpi::traits::{AsRaw, Equivalence};
+use mpi::traits::Equivalence;
 
+pub(crate) use self::calls::{Completion, Reason, Spec};
+use self::calls::{InFlight, Part, Pending};
 use super::Threads;
 use crate::loom::sync::{Condvar, Mutex, MutexGuard};
 
-/// Rounds of `MPI_Testsome` without progress spent spinning before
-/// yielding between rounds.
+/// Rounds of `MPI_Testsome` without a completion spent spinning, then
+/// yielding between rounds, before the progress thread naps.
 const SPIN_ROUNDS: u32 = 256;
+/// Rounds spent yielding after the spinning ones.
+const YIELD_ROUNDS: u32 = 256;
+/// The first nap between rounds; each next one is twice as long, up to
+/// [`NAP_MAX`].
+const NAP_MIN: Duration = Duration::from_micros(10);
+/// The longest nap between two rounds of testing.
+const NAP_MAX: Duration = Duration::from_micros(200);
 
 /// The reduction of an all-reduce ([`CollectiveOp::reduce`](crate::CollectiveOp::reduce)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,14 +151,14 @@ pub(crate) enum Collective {
 pub(crate) struct Comm {
     shared: Arc<Shared>,
     thread: Arc<Threads>,
-    rank: usize,
-    size: usize,
 }
 
 struct Shared {
     raw: ffi::MPI_Comm,
     /// `MPI_IN_PLACE` of this MPI library (a macro, absent from rsmpi).
     in_place: usize,
+    rank: usize,
+    size: usize,
     next_ticket: AtomicU64,
     state: Mutex<State>,
     cv: Condvar,
@@ -138,8 +174,9 @@ unsafe impl Sync for Shared {}
 enum Slot {
     /// Not submitted yet.
     Open,
-    /// Dropped unsubmitted: issues nothing.
+    /// Failed unissued (shut down): issues nothing.
     Void,
+    /// Submitted: a rank's own buffer, or a stand-in for a failed one.
     Submitted(Arc<dyn InFlight>),
 }
 
@@ -147,18 +184,32 @@ struct State {
     /// The ticket issued next; `waiting[i]` is ticket `next_issue + i`.
     next_issue: u64,
     waiting: VecDeque<Slot>,
-    /// Outstanding requests and their collectives, index for index.
+    /// Outstanding requests and the part of which collective each is,
+    /// index for index.
     requests: Vec<ffi::MPI_Request>,
-    in_flight: Vec<Arc<dyn InFlight>>,
-    /// Why nothing more is issued (shut down).
+    in_flight: Vec<(Arc<dyn InFlight>, Part)>,
+    /// A stand-in's status word is in flight: nothing is issued until it
+    /// comes back and the stand-in's data call is issued.
+    held: bool,
+    /// Requests issued so far (the progress thread starts spinning again
+    /// when it changes).
+    issued: u64,
+    /// Why nothing more is issued (shut down, or MPI broken).
     closed: Option<&'static str>,
 }
 
+/// What failed without reaching MPI (or whose part MPI refused), to be
+/// completed outside the state lock.
+type Failed = Vec<(Arc<dyn InFlight>, Part, String)>;
+
 /// Held by an op between its push and its submission; dropping it
-/// unsubmitted lets the collectives behind it be issued.
+/// unsubmitted issues a stand-in in its place (this rank failed).
 pub(crate) struct Ticket {
     shared: Arc<Shared>,
     n: u64,
+    spec: Spec,
+    /// Why the stand-in stands in, if dropped unsubmitted.
+    reason: Reason,
     used: bool,
 }
 
@@ -168,147 +219,49 @@ impl std::fmt::Debug for Ticket {
     }
 }
 
+impl Ticket {
+    /// Gives the place up because the op refused the collective before
+    /// submitting: a stand-in takes part, saying so.
+    pub(crate) fn refuse(mut self) {
+        self.reason = Reason::Refused;
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.used {
-            let done = self.shared.fill(self.n, Slot::Void);
-            finish(done);
+            let s = &self.shared;
+            let stand_in = Arc::new(self.spec.stand_in(s.rank, s.size, self.reason));
+            let failed = s.fill(self.n, Slot::Submitted(stand_in));
+            finish(failed);
         }
     }
 }
 
-/// A collective MPI works on: issued once, completed once.
-trait InFlight: Send + Sync {
-    /// Issues the collective; `Err`: MPI's error code.
-    fn issue(&self, shared: &Shared) -> Result<ffi::MPI_Request, c_int>;
-    /// MPI is done with the buffer (`leak`: it may not be).
-    fn complete(&self, outcome: Result<(), String>, leak: bool);
-}
-
-/// A submitted buffer, owned here until MPI is done with it.
-pub(crate) struct Pending<T> {
-    what: Collective,
-    /// The communicator's size (an all-gather's blocks).
-    size: usize,
-    slot: std::sync::Mutex<Outcome<T>>,
-}
-
-struct Outcome<T> {
-    buf: Vec<T>,
-    result: Option<Result<(), String>>,
-    waker: Option<Waker>,
-}
-
-impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
-    fn issue(&self, shared: &Shared) -> Result<ffi::MPI_Request, c_int> {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        let len = slot.buf.len();
-        let ptr = slot.buf.as_mut_ptr().cast::<c_void>();
-        drop(slot);
-        let count = c_int::try_from(len).map_err(|_| MPI_ERR_COUNT)?;
-        let datatype = T::equivalent_datatype().as_raw();
-        // SAFETY: rsmpi's null request, a plain value.
-        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: `ptr` is the heap block of `buf`, `len` elements of `T`
-        // (the datatype MPI is told), which stays where it is and unread by
-        // anyone until `complete` (the `Pending` is kept alive by the
-        // progress thread until then, and its owner looks at `buf` only
-        // once `result` is set). `raw` is a live communicator, called under
-        // the state lock.
-        let rc = unsafe {
-            match self.what {
-                Collective::AllReduce(op) => ffi::MPI_Iallreduce(
-                    std::ptr::without_provenance(shared.in_place),
-                    ptr,
-                    count,
-                    datatype,
-                    op.raw(),
-                    shared.raw,
-                    &mut request,
-                ),
-                Collective::Broadcast { root } => {
-                    ffi::MPI_Ibcast(ptr, count, datatype, root, shared.raw, &mut request)
-                }
-                Collective::AllGather => ffi::MPI_Iallgather(
-                    std::ptr::without_provenance(shared.in_place),
-                    0,
-                    datatype,
-                    ptr,
-                    count / self.size.max(1) as c_int,
-                    datatype,
-                    shared.raw,
-                    &mut request,
-                ),
-            }
-        };
-        if rc == ffi::MPI_SUCCESS as c_int {
-            Ok(request)
-        } else {
-            Err(rc)
-        }
-    }
-
-    fn complete(&self, outcome: Result<(), String>, leak: bool) {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        if leak {
-            std::mem::forget(std::mem::take(&mut slot.buf));
-        }
-        slot.result = Some(outcome);
-        let waker = slot.waker.take();
-        drop(slot);
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
-
-/// `MPI_ERR_COUNT`, for a buffer longer than MPI's `int` counts.
-const MPI_ERR_COUNT: c_int = ffi::MPI_ERR_COUNT as c_int;
-
-/// Resolves to the buffer and the collective's outcome, once MPI is done.
-pub(crate) struct Completion<T>(Arc<Pending<T>>);
-
-impl<T> std::fmt::Debug for Completion<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Completion").finish_non_exhaustive()
-    }
-}
-
-impl<T> Future for Completion<T> {
-    type Output = (Vec<T>, Result<(), String>);
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut slot = self.0.slot.lock().unwrap_or_else(|p| p.into_inner());
-        match slot.result.take() {
-            Some(r) => Poll::Ready((std::mem::take(&mut slot.buf), r)),
-            None => {
-                slot.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
-}
-
-/// Wakes what completed outside the state lock (a waker may run its op
+/// Completes what failed outside the state lock (a waker may run its op
 /// right here, and that op may submit).
-fn finish(done: Vec<(Arc<dyn InFlight>, String)>) {
-    for (p, message) in done {
-        p.complete(Err(message), false);
+fn finish(failed: Failed) {
+    for (p, part, message) in failed {
+        p.done(part, Err(message), false);
     }
 }
 
 impl Shared {
     /// The state of communicator `raw`, nothing issued yet.
-    fn new(raw: ffi::MPI_Comm, in_place: usize) -> Self {
+    fn new(raw: ffi::MPI_Comm, in_place: usize, rank: usize, size: usize) -> Self {
         Self {
             raw,
             in_place,
+            rank,
+            size,
             next_ticket: AtomicU64::new(0),
             state: Mutex::new(State {
                 next_issue: 0,
                 waiting: VecDeque::new(),
                 requests: Vec::new(),
                 in_flight: Vec::new(),
+                held: false,
+                issued: 0,
                 closed: None,
             }),
             cv: Condvar::default(),
@@ -320,8 +273,8 @@ impl Shared {
     }
 
     /// Puts `slot` at ticket `n` and issues what is now first in line;
-    /// returns the collectives that failed to issue, to complete unlocked.
-    fn fill(&self, n: u64, slot: Slot) -> Vec<(Arc<dyn InFlight>, String)> {
+    /// returns what failed, to complete unlocked.
+    fn fill(&self, n: u64, slot: Slot) -> Failed {
         let mut failed = Vec::new();
         let mut st = self.lock();
         let i = (n - st.next_issue) as usize;
@@ -329,31 +282,76 @@ impl Shared {
             st.waiting.push_back(Slot::Open);
         }
         st.waiting[i] = slot;
-        let before = st.requests.len();
-        while matches!(st.waiting.front(), Some(Slot::Void | Slot::Submitted(_))) {
+        let before = st.issued;
+        self.issue_ready(&mut st, &mut failed);
+        let issued = st.issued != before;
+        drop(st);
+        if issued {
+            self.cv.notify_one();
+        }
+        failed
+    }
+
+    /// Issues the submitted collectives at the front of the line, in
+    /// ticket order, until an open ticket or a stand-in's status word in
+    /// flight; what fails goes to `failed`.
+    fn issue_ready(&self, st: &mut State, failed: &mut Failed) {
+        while !st.held && matches!(st.waiting.front(), Some(Slot::Submitted(_) | Slot::Void)) {
             let Some(Slot::Submitted(p)) = st.waiting.pop_front() else {
                 st.next_issue += 1;
                 continue;
             };
             st.next_issue += 1;
             if let Some(why) = st.closed {
-                failed.push((p, why.to_string()));
+                // On every rank alike (a shutdown at the same point of the
+                // program): nothing is issued.
+                failed.push((p.clone(), Part::Status, why.to_string()));
+                failed.push((p, Part::Data, why.to_string()));
                 continue;
             }
-            match p.issue(self) {
-                Ok(request) => {
-                    st.requests.push(request);
-                    st.in_flight.push(p);
+            match p.issue(self, Part::Status) {
+                Ok(request) => st.push(request, p.clone(), Part::Status),
+                Err(rc) => {
+                    // MPI refused a status word of two i64s: refused alike
+                    // on every rank, so none issues the data call either.
+                    let m = error_string(rc);
+                    failed.push((p.clone(), Part::Status, m.clone()));
+                    failed.push((p, Part::Data, m));
+                    continue;
                 }
-                Err(rc) => failed.push((p, error_string(rc))),
+            }
+            if p.data_after_status() {
+                st.held = true;
+            } else {
+                self.issue_data(st, p, failed);
             }
         }
-        let issued = st.requests.len() > before;
-        drop(st);
-        if issued {
-            self.cv.notify_one();
+    }
+
+    /// A stand-in's status word came back (`ok`: without an error): its
+    /// data call goes out now (even if shut down since: the other ranks
+    /// wait for it), then the line behind it.
+    fn status_back(&self, st: &mut State, p: &Arc<dyn InFlight>, ok: bool, failed: &mut Failed) {
+        st.held = false;
+        if ok {
+            self.issue_data(st, p.clone(), failed);
         }
-        failed
+        self.issue_ready(st, failed);
+    }
+
+    fn issue_data(&self, st: &mut State, p: Arc<dyn InFlight>, failed: &mut Failed) {
+        match p.issue(self, Part::Data) {
+            Ok(request) => st.push(request, p, Part::Data),
+            Err(rc) => failed.push((p, Part::Data, error_string(rc))),
+        }
+    }
+}
+
+impl State {
+    fn push(&mut self, request: ffi::MPI_Request, p: Arc<dyn InFlight>, part: Part) {
+        self.requests.push(request);
+        self.in_flight.push((p, part));
+        self.issued += 1;
     }
 }
 
@@ -428,7 +426,7 @@ impl Comm {
             check(ffi::MPI_Comm_size(raw, &mut size))?;
             check(ffi::MPI_Comm_rank(raw, &mut rank))?;
         }
-        let shared = Arc::new(Shared::new(raw, in_place));
+        let shared = Arc::new(Shared::new(raw, in_place, rank as usize, size as usize));
         let thread = Arc::new(Threads::default());
         thread
             .spawn(format!("{name}-mpi"), {
@@ -436,71 +434,64 @@ impl Comm {
                 move || progress(&shared)
             })
             .map_err(|e| format!("cannot start the progress thread: {e}"))?;
-        Ok(Self {
-            shared,
-            thread,
-            rank: rank as usize,
-            size: size as usize,
-        })
+        Ok(Self { shared, thread })
     }
 
     pub(crate) fn rank(&self) -> usize {
-        self.rank
+        self.shared.rank
     }
 
     pub(crate) fn size(&self) -> usize {
-        self.size
+        self.shared.size
     }
 
-    /// The next place in the issue order (push order).
-    pub(crate) fn ticket(&self) -> Ticket {
+    /// The next place in the issue order (push order), for collective
+    /// `what` on elements of `T`.
+    pub(crate) fn ticket<T: Equivalence>(&self, what: Collective) -> Ticket {
         Ticket {
             shared: self.shared.clone(),
             n: self.shared.next_ticket.fetch_add(1, Relaxed),
+            spec: Spec::of::<T>(what),
+            reason: Reason::Skipped,
             used: false,
         }
     }
 
-    /// Submits `buf` for `what` at `ticket`'s place: issued once every
-    /// earlier ticket was; the completion resolves when MPI is done.
+    /// Submits `buf` for the ticket's collective at its place: issued once
+    /// every earlier ticket was; the completion resolves when MPI is done
+    /// with it and its status word.
     pub(crate) fn submit<T: Equivalence + Send + 'static>(
         &self,
         mut ticket: Ticket,
-        what: Collective,
         buf: Vec<T>,
     ) -> Completion<T> {
-        let pending = Arc::new(Pending {
-            what,
-            size: self.size,
-            slot: std::sync::Mutex::new(Outcome {
-                buf,
-                result: None,
-                waker: None,
-            }),
-        });
+        let pending = Arc::new(Pending::new(ticket.spec.what, self.size(), buf));
         ticket.used = true;
-        let done = self.shared.fill(ticket.n, Slot::Submitted(pending.clone()));
-        finish(done);
+        let failed = self.shared.fill(ticket.n, Slot::Submitted(pending.clone()));
+        finish(failed);
         Completion(pending)
     }
 
     /// Stops issuing (what waits to be issued fails), lets the progress
     /// thread complete what is in flight and free the communicator, and
-    /// waits for it until `deadline`. `Err`: how many collectives were
+    /// waits for it until `deadline`. `Err`: how many requests were
     /// still outstanding then (their buffers stay with the thread).
     pub(crate) fn shutdown(&self, deadline: Instant) -> Result<(), usize> {
         const CLOSED: &str = "the communicator was shut down before this collective was issued";
-        let failed: Vec<_> = {
+        let mut failed: Failed = Vec::new();
+        {
             let mut st = self.shared.lock();
-            st.closed = Some(CLOSED);
-            st.waiting
-                .iter_mut()
-                .filter_map(|s| match std::mem::replace(s, Slot::Void) {
-                    Slot::Submitted(p) => Some((p, CLOSED.to_string())),
-                    _ => None,
-                })
-                .collect()
-        };
+            st.closed.get_or_insert(CLOSED);
+            // (A stand-in's status word in flight still gets its data call:
+            // the progress thread issues it, the other ranks wait for it.)
+            let submitted = st.waiting.iter_mut();
+            for s in submitted.filter(|s| matches!(s, Slot::Submitted(_))) {
+                if let Slot::Submitted(p) = std::mem::replace(s, Slot::Void) {
+                    failed.push((p.clone(), Part::Status, CLOSED.to_string()));
+                    failed.push((p, Part::Data, CLOSED.to_string()));
+                }
+            }
+        }
         finish(failed);
         self.shared.cv.notify_one();
         self.thread.join(Some(deadline));
@@ -522,8 +513,8 @@ impl Drop for Comm {
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Comm")
-            .field("rank", &self.rank)
-            .field("size", &self.size)
+            .field("rank", &self.shared.rank)
+            .field("size", &self.shared.size)
             .finish_non_exhaustive()
     }
 }
@@ -536,19 +527,66 @@ fn check(rc: c_int) -> Result<(), String> {
     }
 }
 
+/// How long the progress thread waits before its next round of testing:
+/// spin, then yield, then naps growing to [`NAP_MAX`] (see the module
+/// docs). `reset` when something completed or was issued.
+#[derive(Debug, Default)]
+struct Backoff {
+    idle: u32,
+    nap: Duration,
+}
+
+/// What the progress thread does before its next round.
+#[derive(Debug, PartialEq, Eq)]
+enum Pause {
+    Spin,
+    Yield,
+    Nap(Duration),
+}
+
+impl Backoff {
+    fn reset(&mut self) {
+        self.idle = 0;
+        self.nap = Duration::ZERO;
+    }
+
+    /// A round completed nothing: what to do before the next one.
+    fn next(&mut self) -> Pause {
+        self.idle = self.idle.saturating_add(1);
+        if self.idle <= SPIN_ROUNDS {
+            Pause::Spin
+        } else if self.idle <= SPIN_ROUNDS + YIELD_ROUNDS {
+            Pause::Yield
+        } else {
+            self.nap = (self.nap * 2).clamp(NAP_MIN, NAP_MAX);
+            Pause::Nap(self.nap)
+        }
+    }
+}
+
 /// The progress thread: tests the outstanding requests, completes those
-/// done, and frees the communicator once closed with nothing in flight.
+/// done, issues a stand-in's data call once its status word came back,
+/// and frees the communicator once closed with nothing in flight.
 fn progress(shared: &Shared) {
     let mut indices: Vec<c_int> = Vec::new();
     let mut statuses: Vec<ffi::MPI_Status> = Vec::new();
-    // What completed this round: the collective, its outcome, whether its
-    // buffer must be leaked.
-    type Done = (Arc<dyn InFlight>, Result<(), String>, bool);
+    // What completed this round: the collective, its part, its outcome,
+    // whether its buffer must be leaked.
+    type Done = (Arc<dyn InFlight>, Part, Result<(), String>, bool);
     let mut done: Vec<Done> = Vec::new();
+    let mut failed: Failed = Vec::new();
     let mut hit: Vec<(usize, c_int)> = Vec::new();
-    let mut idle = 0u32;
+    let mut backoff = Backoff::default();
+    let mut seen = 0u64; // requests issued as of the last round
+    let mut pause = Pause::Spin;
     loop {
         let mut st = shared.lock();
+        if let Pause::Nap(nap) = pause {
+            // Woken early by an issue (`fill` notifies).
+            if st.issued == seen && !st.requests.is_empty() {
+                st = shared.cv.wait_timeout(st, nap).0;
+            }
+        }
         while st.requests.is_empty() {
             if st.closed.is_some() {
                 drop(st);
@@ -556,7 +594,10 @@ fn progress(shared: &Shared) {
                 return;
             }
             st = shared.cv.wait(st);
-            idle = 0;
+        }
+        if st.issued != seen {
+            seen = st.issued;
+            backoff.reset();
         }
         let n = st.requests.len();
         indices.resize(n, 0);
@@ -578,14 +619,17 @@ fn progress(shared: &Shared) {
         let in_status = rc == ffi::MPI_ERR_IN_STATUS as c_int;
         if rc != ffi::MPI_SUCCESS as c_int && !in_status {
             // The requests' state is unknown: fail them all, keep their
-            // buffers from being freed.
+            // buffers from being freed, issue nothing more.
             let message = format!("MPI_Testsome failed: {}", error_string(rc));
             st.requests.clear();
+            st.held = false;
+            st.closed = Some("MPI_Testsome failed: the communicator is unusable");
             done.extend(
                 st.in_flight
                     .drain(..)
-                    .map(|p| (p, Err(message.clone()), true)),
+                    .map(|(p, part)| (p, part, Err(message.clone()), true)),
             );
+            shared.issue_ready(&mut st, &mut failed);
         } else if outcount > 0 {
             // (MPI_UNDEFINED, negative, only when no request is active.)
             let k = outcount as usize;
@@ -595,27 +639,34 @@ fn progress(shared: &Shared) {
             hit.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
             for (i, err) in hit.drain(..) {
                 st.requests.swap_remove(i);
-                let p = st.in_flight.swap_remove(i);
+                let (p, part) = st.in_flight.swap_remove(i);
                 let outcome = if in_status && err != ffi::MPI_SUCCESS as c_int {
                     Err(error_string(err))
                 } else {
                     Ok(())
                 };
-                done.push((p, outcome, false));
+                if part == Part::Status && p.data_after_status() {
+                    shared.status_back(&mut st, &p, outcome.is_ok(), &mut failed);
+                }
+                done.push((p, part, outcome, false));
             }
         }
         drop(st);
-        if done.is_empty() {
-            idle = idle.saturating_add(1);
-            if idle < SPIN_ROUNDS {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+        if done.is_empty() && failed.is_empty() {
+            pause = backoff.next();
+            match pause {
+                Pause::Spin => std::hint::spin_loop(),
+                Pause::Yield => std::thread::yield_now(),
+                Pause::Nap(_) => {} // at the top, under the lock
             }
         } else {
-            idle = 0;
-            for (p, outcome, leak) in done.drain(..) {
-                p.complete(outcome, leak);
+            backoff.reset();
+            pause = Pause::Spin;
+            for (p, part, outcome, leak) in done.drain(..) {
+                p.done(part, outcome, leak);
+            }
+            for (p, part, message) in failed.drain(..) {
+                p.done(part, Err(message), false);
             }
         }
     }
@@ -640,79 +691,148 @@ mod tests {
 
     use super::*;
 
-    /// Records the order it is issued in; MPI is never called.
+    type Log = Arc<StdMutex<Vec<(u32, Part)>>>;
+
+    /// Records the order its parts are issued in; MPI is never called.
     struct Fake {
         id: u32,
-        log: Arc<StdMutex<Vec<u32>>>,
-        outcome: StdMutex<Option<Result<(), String>>>,
+        stand_in: bool,
+        log: Log,
+        outcomes: StdMutex<Vec<(Part, Result<(), String>)>>,
     }
 
     impl InFlight for Fake {
-        fn issue(&self, _: &Shared) -> Result<ffi::MPI_Request, c_int> {
-            self.log.lock().unwrap().push(self.id);
+        fn issue(&self, _: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int> {
+            self.log.lock().unwrap().push((self.id, part));
             // SAFETY: rsmpi's null request, a plain value.
             Ok(unsafe { ffi::RSMPI_REQUEST_NULL })
         }
-        fn complete(&self, outcome: Result<(), String>, _: bool) {
-            *self.outcome.lock().unwrap() = Some(outcome);
+        fn done(&self, part: Part, outcome: Result<(), String>, _: bool) {
+            self.outcomes.lock().unwrap().push((part, outcome));
+        }
+        fn data_after_status(&self) -> bool {
+            self.stand_in
         }
     }
 
     fn shared() -> Arc<Shared> {
         // SAFETY: rsmpi's null communicator, a plain value (unused).
-        Arc::new(Shared::new(unsafe { ffi::RSMPI_COMM_NULL }, 1))
+        Arc::new(Shared::new(unsafe { ffi::RSMPI_COMM_NULL }, 1, 0, 2))
     }
 
-    fn ticket(shared: &Arc<Shared>) -> Ticket {
-        Ticket {
-            shared: shared.clone(),
-            n: shared.next_ticket.fetch_add(1, Relaxed),
-            used: false,
-        }
+    /// A ticket's place, filled by hand (a dropped `Ticket` would make a
+    /// real stand-in, which calls MPI).
+    fn place(shared: &Arc<Shared>) -> u64 {
+        shared.next_ticket.fetch_add(1, Relaxed)
     }
 
-    fn fake(id: u32, log: &Arc<StdMutex<Vec<u32>>>) -> Arc<Fake> {
+    fn fake(id: u32, stand_in: bool, log: &Log) -> Arc<Fake> {
         Arc::new(Fake {
             id,
+            stand_in,
             log: log.clone(),
-            outcome: StdMutex::new(None),
+            outcomes: StdMutex::new(Vec::new()),
         })
     }
 
-    fn submit(t: Ticket, f: &Arc<Fake>) {
-        let mut t = t;
-        t.used = true;
-        finish(t.shared.fill(t.n, Slot::Submitted(f.clone())));
+    fn submit(s: &Shared, n: u64, f: &Arc<Fake>) {
+        finish(s.fill(n, Slot::Submitted(f.clone())));
+    }
+
+    use Part::{Data, Status};
+
+    #[test]
+    fn collectives_are_issued_in_ticket_order_status_word_first() {
+        let s = shared();
+        let log = Log::default();
+        let (t0, t1, t2) = (place(&s), place(&s), place(&s));
+        let (f0, f1, f2) = (
+            fake(0, false, &log),
+            fake(1, false, &log),
+            fake(2, false, &log),
+        );
+        submit(&s, t2, &f2);
+        submit(&s, t1, &f1);
+        assert!(log.lock().unwrap().is_empty(), "issued before ticket 0");
+        submit(&s, t0, &f0);
+        let want = [
+            (0, Status),
+            (0, Data),
+            (1, Status),
+            (1, Data),
+            (2, Status),
+            (2, Data),
+        ];
+        assert_eq!(*log.lock().unwrap(), want);
+        let st = s.lock();
+        assert_eq!((st.next_issue, st.requests.len(), st.issued), (3, 6, 6));
+        assert!(st.waiting.is_empty() && !st.held);
     }
 
     #[test]
-    fn collectives_are_issued_in_ticket_order_and_dropped_tickets_give_way() {
+    fn a_stand_in_holds_the_line_until_its_status_word_is_back() {
         let s = shared();
-        let log = Arc::new(StdMutex::new(Vec::new()));
-        let (t0, t1, t2, t3) = (ticket(&s), ticket(&s), ticket(&s), ticket(&s));
-        let (f1, f2, f3) = (fake(1, &log), fake(2, &log), fake(3, &log));
-        submit(t3, &f3);
-        submit(t1, &f1);
-        assert!(log.lock().unwrap().is_empty(), "issued before ticket 0");
-        drop(t0); // skipped: gives its place up
-        assert_eq!(*log.lock().unwrap(), [1]);
-        submit(t2, &f2);
-        assert_eq!(*log.lock().unwrap(), [1, 2, 3]);
-        let st = s.lock();
-        assert_eq!((st.next_issue, st.requests.len()), (4, 3));
-        assert!(st.waiting.is_empty());
+        let log = Log::default();
+        let (t0, t1, t2) = (place(&s), place(&s), place(&s));
+        let (f1, f2) = (fake(1, false, &log), fake(2, false, &log));
+        let stand_in = fake(0, true, &log);
+        submit(&s, t1, &f1);
+        submit(&s, t0, &stand_in); // its op failed: a stand-in takes part
+        assert_eq!(*log.lock().unwrap(), [(0, Status)]);
+        submit(&s, t2, &f2);
+        assert_eq!(log.lock().unwrap().len(), 1, "issued past a held line");
+        // What the progress thread does when the status word comes back.
+        let mut failed = Vec::new();
+        let p: Arc<dyn InFlight> = stand_in.clone();
+        s.status_back(&mut s.lock(), &p, true, &mut failed);
+        assert!(failed.is_empty());
+        let want = [
+            (0, Status),
+            (0, Data),
+            (1, Status),
+            (1, Data),
+            (2, Status),
+            (2, Data),
+        ];
+        assert_eq!(*log.lock().unwrap(), want);
+        assert!(!s.lock().held);
     }
 
     #[test]
     fn after_closing_submissions_fail_without_being_issued() {
         let s = shared();
-        let log = Arc::new(StdMutex::new(Vec::new()));
-        let (t0, t1) = (ticket(&s), ticket(&s));
-        let f1 = fake(1, &log);
-        submit(t1, &f1); // waits for ticket 0
+        let log = Log::default();
+        let (t0, t1) = (place(&s), place(&s));
+        let f1 = fake(1, false, &log);
+        submit(&s, t1, &f1); // waits for ticket 0
         s.lock().closed = Some("closed");
-        drop(t0);
+        submit(&s, t0, &fake(0, true, &log));
         assert!(log.lock().unwrap().is_empty());
-        assert_eq!(*f1.outcome.lock().unwrap(), Some(Err("closed".to_string())));
+        let closed = Err("closed".to_string());
+        assert_eq!(
+            *f1.outcomes.lock().unwrap(),
+            [(Status, closed.clone()), (Data, closed)]
+        );
+    }
+
+    #[test]
+    fn the_progress_thread_spins_then_yields_then_naps_longer_up_to_a_bound() {
+        let mut b = Backoff::default();
+        let pauses: Vec<Pause> = (0..SPIN_ROUNDS + YIELD_ROUNDS + 8)
+            .map(|_| b.next())
+            .collect();
+        assert!(
+            pauses[..SPIN_ROUNDS as usize]
+                .iter()
+                .all(|p| *p == Pause::Spin)
+        );
+        let yields = &pauses[SPIN_ROUNDS as usize..(SPIN_ROUNDS + YIELD_ROUNDS) as usize];
+        assert!(yields.iter().all(|p| *p == Pause::Yield));
+        let naps = &pauses[(SPIN_ROUNDS + YIELD_ROUNDS) as usize..];
+        assert_eq!(naps[0], Pause::Nap(NAP_MIN));
+        assert_eq!(naps[1], Pause::Nap(NAP_MIN * 2));
+        assert_eq!(naps[7], Pause::Nap(NAP_MAX));
+        b.reset();
+        assert_eq!(b.next(), Pause::Spin);
     }
 }

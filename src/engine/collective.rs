@@ -42,9 +42,19 @@ use crate::error::{BoxError, Error};
 /// order when it is pushed; it is issued only after every collective pushed
 /// before it (on this communicator) was, whatever order their inputs become
 /// ready in. So push a communicator's collectives from one thread, in the
-/// same order on every rank (as an MPI program calls them); a collective
-/// skipped (poisoned input, cancelled) gives up its place, and must then be
-/// skipped on every rank, or the others wait for it.
+/// same order on every rank (as an MPI program calls them).
+///
+/// **A failure on one rank.** A collective whose op does not run on some
+/// rank (a poisoned or deleted input, cancelled) or refuses it there (an
+/// all-gather output of the wrong length) still takes its part on that
+/// rank: a stand-in issues the MPI calls with a zeroed buffer, and every
+/// collective carries a small status word (an `MPI_Iallreduce` of two
+/// `i64`s, issued just before its data) that tells every rank whether some
+/// rank failed. So the collective fails on *every* rank, with
+/// [`Error::Collective`] naming the lowest failing rank and why (that rank
+/// itself reports its own failure), its outputs poisoned, and the ranks
+/// stay in step for the collectives after it: a failure propagates instead
+/// of leaving the other ranks waiting forever in MPI.
 ///
 /// **MPI's setup.** MPI must be initialised with
 /// [`Threading::Serialized`](mpi::Threading::Serialized) at least (every
@@ -53,13 +63,14 @@ use crate::error::{BoxError, Error};
 /// is duplicated, so the program's own collectives on it never mix with the
 /// engine's, and the duplicate has `MPI_ERRORS_RETURN`: an MPI error fails
 /// the op (and poisons its outputs) instead of aborting the job. MPI
-/// recovers from nothing, though: after an error on one rank, the others
-/// may wait forever in that collective (Open MPI 4.1 has no fault
-/// tolerance), so treat an MPI error as the end of the job. Checks that
-/// fail before issuing (a root out of range, an all-gather's lengths) fail
-/// the op with [`Error::Collective`]; made the same way on every rank, they
-/// keep the ranks in step. Lengths that differ between ranks cannot be seen
-/// locally: MPI may report them (a truncation) or not.
+/// itself recovers from nothing (Open MPI 4.1 has no fault tolerance): a
+/// crashed or exited process makes `mpirun` abort the whole job; an error
+/// MPI returns is reported, not repaired, and one returned on a single
+/// rank only at issue leaves the other ranks waiting in that collective,
+/// so treat an MPI error as the end of the job. A root out of range is
+/// refused at push (the same on every rank). Lengths that differ between
+/// ranks cannot be seen locally: MPI may report them (a truncation) or
+/// not.
 ///
 /// **Shutdown.** [`shutdown`](Communicator::shutdown) (or the drop of the
 /// last handle, after the last op that uses it) lets the collectives in
@@ -314,8 +325,8 @@ where
         let backend = comm.comm.clone();
         // Its place in the issue order: taken now, in push order. If the
         // body never runs (skipped, cancelled, a failed push), dropping it
-        // gives the place up.
-        let ticket = backend.ticket();
+        // issues a stand-in in its place, telling the other ranks.
+        let ticket = backend.ticket::<T>(what);
         op.run_async(move |ctx: OpCtx| async move {
             let fail =
                 |m: String| -> BoxError { Box::new(Error::Collective(format!("{label}: {m}"))) };
@@ -329,13 +340,15 @@ where
                 } else if buf.len() != n * size {
                     let len = buf.len();
                     *ctx.write(out)? = buf;
+                    // A stand-in takes this rank's part, telling the others.
+                    ticket.refuse();
                     return Err(fail(format!(
                         "the output holds {len} elements, not {size} rank(s) x {n} (the input)"
                     )));
                 }
                 buf[rank * n..(rank + 1) * n].copy_from_slice(&input);
             }
-            let (buf, outcome) = backend.submit(ticket, what, buf).await;
+            let (buf, outcome) = backend.submit(ticket, buf).await;
             *ctx.write(out)? = buf;
             outcome.map_err(fail)
         })

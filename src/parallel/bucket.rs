@@ -117,7 +117,7 @@ impl Buckets {
                     let lens: Vec<usize> = vars.iter().map(|p| p.len).collect();
                     Reduce::AllReduce(all_reduce(group, &comm, segments, &lens)?)
                 }
-                Update::Host => Reduce::Host(HostSum::new(&group.engine, &vars, n)),
+                Update::Host => Reduce::Host(HostSum::new(group, &vars, n)),
             };
             for &p in &params {
                 of[p] = b;

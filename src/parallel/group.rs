@@ -301,9 +301,11 @@ impl GroupBuilder {
     /// The program's own collectives on `ranks` interleave with the
     /// group's in push order: push them from the thread that steps, in the
     /// same order on every rank. A gradient that fails on one rank only
-    /// skips that rank's collectives, and the other ranks then wait for
-    /// them (MPI has no recovery): treat a failed step as the end of the
-    /// job.
+    /// fails the step's cross-rank collectives on every rank (each carries
+    /// a status word: see [`Communicator`]), so every rank's sums and
+    /// replicas are poisoned and no rank waits forever; after
+    /// [`clear_poison`](Group::clear_poison) on every rank the ranks train
+    /// on in step.
     #[cfg(feature = "mpi")]
     pub fn across_ranks(mut self, ranks: &Communicator) -> Self {
         self.ranks = Some(ranks.clone());
@@ -314,16 +316,9 @@ impl GroupBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Parallel`] for no devices, a device given twice, a zero
-    /// input width, or (`mpi`) [`Update::Host`] across ranks; the engine's
-    /// error for a device of another engine.
+    /// [`Error::Parallel`] for no devices, a device given twice, or a zero
+    /// input width; the engine's error for a device of another engine.
     pub fn build(self) -> Result<Group, Error> {
-        #[cfg(feature = "mpi")]
-        if self.ranks.is_some() && self.update == Update::Host {
-            return Err(Error::Parallel(
-                "a group across ranks updates every replica: Update::Host sums on one host".into(),
-            ));
-        }
         if self.devices.is_empty() {
             return Err(Error::Parallel("a group of no devices".into()));
         }

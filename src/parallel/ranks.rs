@@ -1,5 +1,7 @@
 //! A group across ranks (the `mpi` feature): the check, at the first
-//! step, that every rank laid the group out alike.
+//! step, that every rank laid the group out alike; and under
+//! [`Update::Host`](super::Update::Host) the all-reduce of each rank's
+//! host sums.
 //!
 //! The cross-rank sums are MPI all-reduces of the ring's chunks, whose
 //! lengths follow from the local device count and the buckets' lengths. A
@@ -10,6 +12,7 @@
 //! reduction is pushed.
 
 use super::group::Group;
+use crate::dep::Var;
 use crate::engine::Communicator;
 use crate::error::Error;
 
@@ -62,6 +65,27 @@ pub(super) fn check_layout(
             "the group's layout differs across ranks: rank {r} has {what}; every rank needs \
              the same device count and parameters"
         )));
+    }
+    Ok(())
+}
+
+/// Under [`Update::Host`](super::Update::Host): sums each of `sums` (this
+/// rank's host sum of a parameter's gradient, over its devices) across
+/// `ranks`, in place, one collective per parameter in the bucket's order
+/// (the same on every rank), before the host's update reads them. The sum
+/// is the on-device update's: each rank's local sum in
+/// [`serial_sum`](super::serial_sum)'s order, then `MPI_SUM` across ranks.
+pub(super) fn sum_host<'p>(
+    ranks: &Communicator,
+    sums: impl Iterator<Item = &'p Var<Vec<f32>>>,
+    priority: i32,
+) -> Result<(), Error> {
+    for g in sums {
+        ranks
+            .all_reduce(g)
+            .name("allreduce ranks (host)")
+            .priority(priority)
+            .push()?;
     }
     Ok(())
 }

@@ -7,9 +7,10 @@
 //!   after the backward ops still to run on the device.
 //! - [`Update::Host`] (seed 000's program): one op on the engine's default
 //!   device sums the devices' gradients into the host's
-//!   ([`serial_sum`](super::serial_sum), the ring's order), one op per
-//!   parameter updates the host's weights, and one copy op per device
-//!   writes them back into its replica (on a stream device, on its
+//!   ([`serial_sum`](super::serial_sum), the ring's order), across ranks
+//!   (feature `mpi`) one all-reduce per parameter of the host's sums, one
+//!   op per parameter updates the host's weights, and one copy op per
+//!   device writes them back into its replica (on a stream device, on its
 //!   host-to-device lane).
 //!
 //! Both sum in the same order and run the same optimizer on the same
@@ -17,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::group::{HostVars, Member, ParamVars};
+use super::group::{Group, HostVars, Member, ParamVars};
 use super::ring::serial_sum_into;
 use crate::dep::{Var, VarKey};
 use crate::device::Lane;
@@ -31,9 +32,11 @@ pub enum Update {
     /// gradients (the default).
     #[default]
     EveryReplica,
-    /// Once on the host: gradients summed there, weights updated there and
-    /// copied back to every replica; no all-reduce (the devices' gradients
-    /// stay their own: the sum is the host's).
+    /// Once on the host (of each rank, across ranks): gradients summed
+    /// there (and across ranks, by an MPI all-reduce of the host's sums),
+    /// weights updated there and copied back to every replica; no
+    /// all-reduce between devices (the devices' gradients stay their own:
+    /// the sum is the host's).
     Host,
 }
 
@@ -87,12 +90,18 @@ pub(super) struct HostSum {
     grads: Arc<[Arc<[Key]>]>,
     /// The host's gradient of each parameter.
     sums: Arc<[Key]>,
+    /// The ranks the group spans: the host's sums are all-reduced there.
+    #[cfg(feature = "mpi")]
+    ranks: Option<crate::engine::Communicator>,
 }
 
 impl HostSum {
-    pub(super) fn new(engine: &Engine, params: &[&ParamVars], n: usize) -> Self {
+    pub(super) fn new(group: &Group, params: &[&ParamVars], n: usize) -> Self {
+        let engine = &group.engine;
         let len = params.iter().map(|p| p.len).sum();
         Self {
+            #[cfg(feature = "mpi")]
+            ranks: group.ranks.clone(),
             scratch: engine.var(vec![vec![0.0; len]; n + 1]),
             grads: (0..n)
                 .map(|d| params.iter().map(|p| p.grads[d].key()).collect())
@@ -150,6 +159,10 @@ impl HostSum {
             }
             Ok(())
         })?;
+        #[cfg(feature = "mpi")]
+        if let Some(ranks) = &self.ranks {
+            super::ranks::sum_host(ranks, params.clone().map(|p| &host(p).1), priority)?;
+        }
         let Some(opt) = opt else { return Ok(()) };
         for p in params {
             let (w, g) = host(p);

@@ -14,9 +14,13 @@
 //!   be equal;
 //! - with dyadic data (exact sums) the gradient sum equals the 1-rank
 //!   run's bit for bit;
+//! - with quantized gradients (rounded to a grid on which every sum of
+//!   them is exact, so no order of summation can show), the weights of
+//!   every rank, for any rank count (2, 3, 4), are bit-identical to the
+//!   1-rank run on the same global batches over as many devices;
 //! - a rank with another device count, or parameters of other lengths,
-//!   fails the first step, on every rank alike; `Update::Host` across ranks
-//!   is refused at build.
+//!   fails the first step, on every rank alike;
+//! - `Update::Host` across ranks gives the on-device update's weights.
 
 use depflow::parallel::{Group, Update, serial_sum};
 use depflow::{Communicator, Engine, Error, Executor};
@@ -24,7 +28,8 @@ use depflow::{Communicator, Engine, Error, Executor};
 use super::{digest32, gathered};
 
 const WIDTH: usize = 12;
-const ROWS: usize = 8;
+/// Divisible by 2 devices x 1, 2, 3 or 4 ranks.
+const ROWS: usize = 24;
 const BATCHES: usize = 6;
 const RATE: f32 = 0.01;
 
@@ -38,6 +43,20 @@ fn batch(b: usize, dyadic: bool) -> (Vec<f32>, Vec<f32>) {
     (x, y)
 }
 
+/// How the data and gradients are made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Data {
+    /// Not dyadic: sums in different orders differ in their last bits.
+    Plain,
+    /// Dyadic, and no update: the gradient sums are exact.
+    Dyadic,
+    /// Plain data, each device's gradient rounded to multiples of 1/64
+    /// (a few hundred at most: far fewer than f32's 24 bits hold, so every
+    /// sum of them is exact and every order of summation gives the same
+    /// bits), then SGD.
+    Quantized,
+}
+
 /// The gradient of `Σ (x·w - y)² / 2` over `rows` rows (the same code on a
 /// device and in the reference, so the same bits).
 fn gradient(x: &[f32], y: &[f32], w: &[f32], g: &mut [f32]) {
@@ -46,6 +65,10 @@ fn gradient(x: &[f32], y: &[f32], w: &[f32], g: &mut [f32]) {
         let err = row.iter().zip(w).map(|(a, b)| a * b).sum::<f32>() - t;
         g.iter_mut().zip(row).for_each(|(g, a)| *g += err * a);
     }
+}
+
+fn quantize(g: &mut [f32]) {
+    g.iter_mut().for_each(|g| *g = (*g * 64.0).round() / 64.0);
 }
 
 fn sgd(w: &mut [f32], g: &[f32]) {
@@ -102,11 +125,28 @@ fn train(
     engine: &Engine,
     comm: Option<&Communicator>,
     devices: usize,
-    dyadic: bool,
+    data: Data,
 ) -> Result<(Vec<Vec<f32>>, Vec<f32>), Error> {
+    train_with(engine, comm, devices, data, Update::EveryReplica)
+}
+
+/// [`train`] with the optimizer where `update` says.
+fn train_with(
+    engine: &Engine,
+    comm: Option<&Communicator>,
+    devices: usize,
+    data: Data,
+    update: Update,
+) -> Result<(Vec<Vec<f32>>, Vec<f32>), Error> {
+    let dyadic = data == Data::Dyadic;
+    let quantized = data == Data::Quantized;
     let (rank, size) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
     let devs = (0..devices).map(|d| engine.device(&format!("d{d}")).unwrap());
-    let mut builder = Group::builder(engine).devices(devs).input(WIDTH).input(1);
+    let mut builder = Group::builder(engine)
+        .devices(devs)
+        .input(WIDTH)
+        .input(1)
+        .update(update);
     if !dyadic {
         builder = builder.optimizer(sgd);
     }
@@ -131,7 +171,11 @@ fn train(
                 .mutates(&[g])
                 .run(move |ctx| {
                     let w = ctx.read(wk)?;
-                    gradient(&ctx.read(xk)?, &ctx.read(yk)?, &w, &mut ctx.write(gk)?);
+                    let mut g = ctx.write(gk)?;
+                    gradient(&ctx.read(xk)?, &ctx.read(yk)?, &w, &mut g);
+                    if quantized {
+                        quantize(&mut g);
+                    }
                     Ok(())
                 })?;
             s.grad_ready(w)
@@ -150,71 +194,97 @@ fn close(a: &[f32], b: &[f32]) -> bool {
         .all(|(a, b)| (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1.0))
 }
 
-/// The checks on this rank; prints `group digest: …` (the weights of the
-/// 2-devices-per-rank run) for the caller to compare with the reference.
-pub fn checks(world: &mpi::topology::SimpleCommunicator) {
+/// The digest of the quantized run's weights in this process alone, over
+/// `devices` local devices.
+pub fn single(devices: usize) -> u64 {
     let mut b = Engine::builder();
-    for d in 0..4 {
+    for d in 0..devices {
+        b = b.device(format!("d{d}"), Executor::pool(1));
+    }
+    let engine = b.build().unwrap();
+    let (weights, _) = train(&engine, None, devices, Data::Quantized).unwrap();
+    digest32(&weights[0])
+}
+
+/// The checks on this rank; prints `group digest: …` (the weights of the
+/// 2-devices-per-rank run, on 1 or 2 ranks) for the caller to compare with
+/// the reference, and `quantized digest: …` (the quantized run's weights,
+/// on any rank count) to compare with the 1-rank run's ([`single`]).
+pub fn checks(world: &mpi::topology::SimpleCommunicator) {
+    let size = mpi::traits::Communicator::size(world) as usize;
+    let mut b = Engine::builder();
+    for d in 0..(2 * size).max(4) {
         b = b.device(format!("d{d}"), Executor::pool(1));
     }
     let engine = b.build().unwrap();
     let comm = Communicator::new(&engine, world).expect("communicator");
-    let (rank, size) = (comm.rank(), comm.size());
-    assert!(size <= 2, "these checks run on 1 or 2 ranks");
+    let rank = comm.rank();
+    assert_eq!(size, comm.size());
 
-    // The data tell the orders apart (else the equalities below would not
-    // say which order the group sums in).
-    // (1 device per rank against 2 local devices: both one commutative
-    // addition, the same bits.)
-    assert_ne!(reference(2, 2), reference(1, 4));
-    assert_eq!(reference(2, 1), reference(1, 2));
-
-    // Ranks × 2 devices: every replica equal, and equal to the reference.
-    let (weights, _) = train(&engine, Some(&comm), 2, false).unwrap();
+    // Any rank count: with quantized gradients every sum is exact, so the
+    // weights are the 1-rank run's on the same global batches, bit for
+    // bit, on every replica of every rank.
+    let (weights, _) = train(&engine, Some(&comm), 2, Data::Quantized).unwrap();
     assert!(weights.iter().all(|w| *w == weights[0]), "replicas differ");
-    let want = reference(size, 2);
-    assert_eq!(weights[0], want, "rank {rank}: not the reference's order");
-    let d = digest32(&weights[0]);
+    let (single, _) = train(&engine, None, 2 * size, Data::Quantized).unwrap();
+    assert_eq!(
+        weights[0], single[0],
+        "rank {rank}: not the 1-rank run's weights"
+    );
+    assert_ne!(weights[0], init(), "nothing trained");
+    let q = digest32(&weights[0]);
     assert!(
-        gathered(&engine, &comm, d).iter().all(|&x| x == d),
+        gathered(&engine, &comm, q).iter().all(|&x| x == q),
         "ranks' weights differ"
     );
-    println!("group digest: {d:016x}");
-
-    // The 1-rank run on the same global batches, all devices local: close.
-    let (single, _) = train(&engine, None, 2 * size, false).unwrap();
-    assert_eq!(single[0], reference(1, 2 * size));
-    assert!(close(&single[0], &weights[0]), "{single:?} vs {weights:?}");
-
-    // One device per rank: the packed buffer all-reduced as one chunk.
-    let (one, _) = train(&engine, Some(&comm), 1, false).unwrap();
-    assert_eq!(one[0], reference(size, 1));
+    println!("quantized digest: {q:016x}");
 
     // Exact sums: the gradient sum is the 1-rank run's, bit for bit.
-    let (_, across) = train(&engine, Some(&comm), 2, true).unwrap();
-    let (_, local) = train(&engine, None, 2 * size, true).unwrap();
+    let (_, across) = train(&engine, Some(&comm), 2, Data::Dyadic).unwrap();
+    let (_, local) = train(&engine, None, 2 * size, Data::Dyadic).unwrap();
     assert_eq!(across, local);
 
-    // Update::Host does not span ranks.
-    let r = Group::builder(&engine)
-        .device(engine.device("d0").unwrap())
-        .update(Update::Host)
-        .across_ranks(&comm)
-        .build();
-    assert!(matches!(r, Err(Error::Parallel(_))), "{r:?}");
+    if size <= 2 {
+        in_known_order(&engine, &comm);
+    }
+    if size >= 2 {
+        one_rank_fails(&engine, &comm);
+    }
 
-    // Another device count on rank 1: the first step fails on every rank.
-    if size == 2 {
-        let r = train(&engine, Some(&comm), 2 - rank, false);
-        match r {
-            Err(Error::Parallel(m)) => {
-                assert!(m.contains("rank 1 has 1 local device(s), rank 0 2"), "{m}")
-            }
+    // Update::Host across ranks: each rank's host sums its devices, the
+    // sums are all-reduced across ranks, the host updates once and copies
+    // back: the weights of the on-device update, bit for bit (quantized:
+    // on any rank count; plain data on 1 or 2 ranks, where MPI's order of
+    // summation is one addition).
+    let (host, _) = train_with(&engine, Some(&comm), 2, Data::Quantized, Update::Host).unwrap();
+    assert!(
+        host.iter().all(|w| *w == weights[0]),
+        "rank {rank}: Update::Host differs"
+    );
+    if size <= 2 {
+        let (host, _) = train_with(&engine, Some(&comm), 2, Data::Plain, Update::Host).unwrap();
+        let (every, _) = train(&engine, Some(&comm), 2, Data::Plain).unwrap();
+        assert!(
+            host.iter().all(|w| *w == every[0]),
+            "rank {rank}: Update::Host differs"
+        );
+    }
+
+    // Another device count on the last rank: the first step fails on
+    // every rank.
+    if size >= 2 {
+        let last = size - 1;
+        let devices = if rank == last { 1 } else { 2 };
+        match train(&engine, Some(&comm), devices, Data::Plain) {
+            Err(Error::Parallel(m)) => assert!(
+                m.contains(&format!("rank {last} has 1 local device(s), rank 0 2")),
+                "{m}"
+            ),
             other => panic!("rank {rank}: {other:?}"),
         }
     }
     // Parameters of other lengths on rank 1: the first step fails too.
-    if size == 2 {
+    if size >= 2 {
         let mut group = Group::builder(&engine)
             .device(engine.device("d0").unwrap())
             .across_ranks(&comm)
@@ -229,4 +299,100 @@ pub fn checks(world: &mpi::topology::SimpleCommunicator) {
     comm.shutdown().expect("collectives done");
     engine.wait_all().wait().ok();
     println!("rank {rank} of {size}: group checks passed");
+}
+
+/// A backward that fails on the last rank only: the step's collectives
+/// fail on every rank (no rank waits forever), every replica of every rank
+/// is poisoned; after `clear_poison` the ranks are still in step and train
+/// on, with identical weights.
+fn one_rank_fails(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let devs = (0..2).map(|d| engine.device(&format!("d{d}")).unwrap());
+    let mut group = Group::builder(engine)
+        .devices(devs)
+        .input(WIDTH)
+        .input(1)
+        .optimizer(sgd)
+        .across_ranks(comm)
+        .build()
+        .unwrap();
+    let w = group.param(&init()).unwrap();
+    let share = ROWS / size;
+    for b in 0..3 {
+        let (x, y) = batch(b, false);
+        let (xs, ys) = rows(&x, &y, rank * share, (rank + 1) * share);
+        group.load(vec![xs, ys]).unwrap();
+        let fail = b == 1 && rank == size - 1;
+        group
+            .step(|s| {
+                let (x, y, wv, g) = (s.input(0), s.input(1), s.replica(w), s.grad(w));
+                let (xk, yk, wk, gk) = (x.key(), y.key(), wv.key(), g.key());
+                let fail = fail && s.index() == 0;
+                s.engine()
+                    .op()
+                    .name("backward")
+                    .on(s.device())
+                    .reads(&[x, y, wv])
+                    .mutates(&[g])
+                    .run(move |ctx| {
+                        if fail {
+                            return Err("out of memory on this rank".into());
+                        }
+                        let w = ctx.read(wk)?;
+                        gradient(&ctx.read(xk)?, &ctx.read(yk)?, &w, &mut ctx.write(gk)?);
+                        Ok(())
+                    })?;
+                s.grad_ready(w)
+            })
+            .unwrap();
+        if b == 1 {
+            for d in 0..2 {
+                let r = group.weights(w, d);
+                assert!(r.is_err(), "rank {rank}, device {d}: not poisoned: {r:?}");
+            }
+            engine.wait_all().wait().ok();
+            group.clear_poison().unwrap();
+        }
+    }
+    let weights: Vec<_> = (0..2).map(|d| group.weights(w, d).unwrap()).collect();
+    assert_eq!(weights[0], weights[1], "replicas differ");
+    let d = digest32(&weights[0]);
+    assert!(
+        gathered(engine, comm, d).iter().all(|&x| x == d),
+        "ranks' weights differ after a failed step"
+    );
+}
+
+/// On 1 or 2 ranks, where MPI's order of summation cannot show (one
+/// commutative addition): the weights are the serial reference's, in the
+/// group's order.
+fn in_known_order(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    // The data tell the orders apart (else the equalities below would not
+    // say which order the group sums in).
+    // (1 device per rank against 2 local devices: both one commutative
+    // addition, the same bits.)
+    assert_ne!(reference(2, 2), reference(1, 4));
+    assert_eq!(reference(2, 1), reference(1, 2));
+
+    // Ranks × 2 devices: every replica equal, and equal to the reference.
+    let (weights, _) = train(engine, Some(comm), 2, Data::Plain).unwrap();
+    assert!(weights.iter().all(|w| *w == weights[0]), "replicas differ");
+    let want = reference(size, 2);
+    assert_eq!(weights[0], want, "rank {rank}: not the reference's order");
+    let d = digest32(&weights[0]);
+    assert!(
+        gathered(engine, comm, d).iter().all(|&x| x == d),
+        "ranks' weights differ"
+    );
+    println!("group digest: {d:016x}");
+
+    // The 1-rank run on the same global batches, all devices local: close.
+    let (single, _) = train(engine, None, 2 * size, Data::Plain).unwrap();
+    assert_eq!(single[0], reference(1, 2 * size));
+    assert!(close(&single[0], &weights[0]), "{single:?} vs {weights:?}");
+
+    // One device per rank: the packed buffer all-reduced as one chunk.
+    let (one, _) = train(engine, Some(comm), 1, Data::Plain).unwrap();
+    assert_eq!(one[0], reference(size, 1));
 }

@@ -1,0 +1,442 @@
+//! What one collective hands MPI: its *status word* and its data, two
+//! non-blocking calls issued back to back in the communicator's issue
+//! order, and what completes them.
+//!
+//! **The status word.** Every collective is two MPI calls on every rank:
+//! first an `MPI_Iallreduce` (`MPI_MAX`) of two `i64`s, `[failure, len]`,
+//! then the data call (`MPI_Iallreduce`, `MPI_Ibcast`, `MPI_Iallgather`).
+//! A rank whose op runs ([`Pending`]) sends `[0, its length]` and issues its
+//! buffer at once. A rank whose op did not run, or refused the collective
+//! before issuing it ([`StandIn`]), sends `[failure, 0]`, where `failure`
+//! encodes its rank and why; it issues its data call only when the status
+//! word has come back, with a zeroed buffer of the length the others sent
+//! (the maximum), and nothing else is issued on that rank meanwhile (the
+//! caller holds the issue order). So every rank issues the same calls in
+//! the same order, whatever failed where, and every rank learns from the
+//! status word that some rank failed: the collective fails on every rank,
+//! naming the lowest failing rank and why.
+//!
+//! Owns the buffers MPI writes while a call is in flight; the issue order,
+//! the lock every call is made under and the progress thread are
+//! `comm.rs`'s.
+
+// `unsafe`: the MPI calls, and the status words and buffers MPI writes
+// while their calls are in flight; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::cell::UnsafeCell;
+use std::ffi::{c_int, c_void};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use mpi::ffi;
+use mpi::traits::{AsRaw, Equivalence};
+
+use super::{Collective, Shared};
+
+/// Which of a collective's two calls a request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Part {
+    Status,
+    Data,
+}
+
+/// Why a rank did not take part with its own buffer (the low byte of the
+/// status word's `failure`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reason {
+    /// Its op did not run: a poisoned or deleted input, cancelled, a
+    /// failed push (the ticket was dropped unsubmitted).
+    Skipped = 1,
+    /// Its op ran and refused the collective before issuing it (an
+    /// all-gather's output of the wrong length).
+    Refused = 2,
+}
+
+impl Reason {
+    fn from_code(code: i64) -> &'static str {
+        match code {
+            1 => "its op did not run (a poisoned or deleted input, cancelled, or not pushed)",
+            2 => {
+                "its op refused the collective before issuing it (e.g. an all-gather output of the wrong length)"
+            }
+            _ => "an unknown reason",
+        }
+    }
+}
+
+/// `[failure, len]` for rank `rank` of `size` failing for `reason`: the
+/// lowest failing rank has the largest word, so `MPI_MAX` keeps it.
+fn failure_word(rank: usize, size: usize, reason: Reason) -> i64 {
+    ((size - rank) as i64) << 8 | reason as i64
+}
+
+/// The message for a status word that says some rank failed, or `None`.
+fn failed_rank(word: i64, size: usize) -> Option<String> {
+    (word != 0).then(|| {
+        let rank = size as i64 - (word >> 8);
+        format!(
+            "rank {rank} failed its part ({}): the collective's result is not valid",
+            Reason::from_code(word & 0xff)
+        )
+    })
+}
+
+/// A collective MPI works on: its two calls, each issued once and
+/// completed once.
+pub(super) trait InFlight: Send + Sync {
+    /// Issues `part`; `Err`: MPI's error code.
+    fn issue(&self, shared: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int>;
+    /// MPI is done with `part` (`leak`: it may not be; its buffer is
+    /// leaked).
+    fn done(&self, part: Part, outcome: Result<(), String>, leak: bool);
+    /// Whether the data call waits for the status word to come back (a
+    /// stand-in: it learns its length from it), holding the issue order.
+    fn data_after_status(&self) -> bool {
+        false
+    }
+}
+
+/// The status word's datatype and the call every collective makes first.
+///
+/// # Safety
+///
+/// `word` must stay valid and untouched by anyone else until the request
+/// completes; called under the state lock.
+unsafe fn issue_status(shared: &Shared, word: *mut i64) -> Result<ffi::MPI_Request, c_int> {
+    // SAFETY: rsmpi's null request, a plain value.
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: `word` points to two i64s (the caller's promise), MPI_INT64_T
+    // and MPI_MAX are predefined, `raw` is live and called under the lock.
+    let rc = unsafe {
+        ffi::MPI_Iallreduce(
+            std::ptr::without_provenance(shared.in_place),
+            word.cast::<c_void>(),
+            2,
+            ffi::RSMPI_INT64_T,
+            ffi::RSMPI_MAX,
+            shared.raw,
+            &mut request,
+        )
+    };
+    if rc == ffi::MPI_SUCCESS as c_int {
+        Ok(request)
+    } else {
+        Err(rc)
+    }
+}
+
+/// Issues `what` on `len` elements of `datatype` at `ptr`.
+///
+/// # Safety
+///
+/// `ptr` must hold `len` elements of `datatype` and stay valid and
+/// untouched until the request completes; called under the state lock.
+unsafe fn issue_data(
+    shared: &Shared,
+    what: Collective,
+    size: usize,
+    ptr: *mut c_void,
+    len: usize,
+    datatype: ffi::MPI_Datatype,
+) -> Result<ffi::MPI_Request, c_int> {
+    let count = c_int::try_from(len).map_err(|_| MPI_ERR_COUNT)?;
+    // SAFETY: rsmpi's null request, a plain value.
+    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: the caller's promise on `ptr`; `raw` is a live communicator,
+    // called under the state lock.
+    let rc = unsafe {
+        match what {
+            Collective::AllReduce(op) => ffi::MPI_Iallreduce(
+                std::ptr::without_provenance(shared.in_place),
+                ptr,
+                count,
+                datatype,
+                op.raw(),
+                shared.raw,
+                &mut request,
+            ),
+            Collective::Broadcast { root } => {
+                ffi::MPI_Ibcast(ptr, count, datatype, root, shared.raw, &mut request)
+            }
+            Collective::AllGather => ffi::MPI_Iallgather(
+                std::ptr::without_provenance(shared.in_place),
+                0,
+                datatype,
+                ptr,
+                count / size.max(1) as c_int,
+                datatype,
+                shared.raw,
+                &mut request,
+            ),
+        }
+    };
+    if rc == ffi::MPI_SUCCESS as c_int {
+        Ok(request)
+    } else {
+        Err(rc)
+    }
+}
+
+/// `MPI_ERR_COUNT`, for a buffer longer than MPI's `int` counts.
+const MPI_ERR_COUNT: c_int = ffi::MPI_ERR_COUNT as c_int;
+
+/// A submitted buffer, owned here until MPI is done with it, and its
+/// status word.
+pub(crate) struct Pending<T> {
+    what: Collective,
+    /// The communicator's size (an all-gather's blocks, the status word).
+    size: usize,
+    /// `[0, len]` when issued; the maximum over the ranks once the status
+    /// call completes. Written by MPI between the status call's issue and
+    /// its completion, read only after (in `done`, on the progress thread).
+    word: UnsafeCell<[i64; 2]>,
+    slot: Mutex<Outcome<T>>,
+}
+
+// SAFETY: `word` is written by this rank's issue (under the state lock),
+// then by MPI, and read by the progress thread once the request completed:
+// never two at once. The rest is behind the mutex.
+unsafe impl<T: Send> Sync for Pending<T> {}
+
+struct Outcome<T> {
+    buf: Vec<T>,
+    /// Parts not done yet.
+    left: u8,
+    /// The first part's failure.
+    error: Option<String>,
+    result: Option<Result<(), String>>,
+    waker: Option<Waker>,
+}
+
+impl<T> Pending<T> {
+    pub(super) fn new(what: Collective, size: usize, buf: Vec<T>) -> Self {
+        Self {
+            what,
+            size,
+            word: UnsafeCell::new([0, 0]),
+            slot: Mutex::new(Outcome {
+                buf,
+                left: 2,
+                error: None,
+                result: None,
+                waker: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Outcome<T>> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
+    fn issue(&self, shared: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int> {
+        let mut slot = self.lock();
+        let len = slot.buf.len();
+        let ptr = slot.buf.as_mut_ptr().cast::<c_void>();
+        drop(slot);
+        match part {
+            Part::Status => {
+                let word = self.word.get();
+                // SAFETY: no call on `word` is in flight yet (the status is
+                // issued first, once); then it is MPI's until the request
+                // completes (see the field).
+                unsafe {
+                    *word = [0, len as i64];
+                    issue_status(shared, word.cast())
+                }
+            }
+            // SAFETY: `ptr` is the heap block of `buf`, `len` elements of
+            // `T` (the datatype MPI is told), which stays where it is and
+            // unread by anyone until its part is done (the `Pending` is
+            // kept alive by the progress thread until then, and its owner
+            // looks at `buf` only once `result` is set).
+            Part::Data => unsafe {
+                issue_data(
+                    shared,
+                    self.what,
+                    self.size,
+                    ptr,
+                    len,
+                    T::equivalent_datatype().as_raw(),
+                )
+            },
+        }
+    }
+
+    fn done(&self, part: Part, outcome: Result<(), String>, leak: bool) {
+        let mut slot = self.lock();
+        if leak && part == Part::Data {
+            std::mem::forget(std::mem::take(&mut slot.buf));
+        }
+        if let Err(e) = outcome {
+            slot.error.get_or_insert(e);
+        }
+        slot.left -= 1;
+        if slot.left > 0 {
+            return;
+        }
+        let result = match slot.error.take() {
+            Some(e) => Err(e),
+            // SAFETY: both parts are done: MPI no longer writes `word`.
+            None => match failed_rank(unsafe { (*self.word.get())[0] }, self.size) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
+        };
+        slot.result = Some(result);
+        let waker = slot.waker.take();
+        drop(slot);
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// What a rank issues in place of a collective it has no buffer for: the
+/// status word saying it failed, then (once that came back) a zeroed
+/// buffer of the others' length. Made only on failure.
+pub(super) struct StandIn {
+    what: Collective,
+    size: usize,
+    datatype: fn() -> ffi::MPI_Datatype,
+    /// `size_of` the element type.
+    elem: usize,
+    /// `[failure, 0]` when issued; the maximum over the ranks once the
+    /// status call completes (as [`Pending`]'s).
+    word: UnsafeCell<[i64; 2]>,
+    /// The zeroed buffer of the data call (in `u64`s: aligned for every
+    /// basic type), allocated when it is issued.
+    buf: Mutex<Vec<u64>>,
+}
+
+// SAFETY: as `Pending`'s `word`: written at issue, by MPI, then read by
+// the progress thread (which issues the data call) once the status call
+// completed; `buf` is behind its mutex.
+unsafe impl Sync for StandIn {}
+
+/// What a stand-in needs to know of the collective it stands in for,
+/// carried by its ticket (no allocation until it is needed).
+#[derive(Clone, Copy)]
+pub(crate) struct Spec {
+    pub(super) what: Collective,
+    pub(super) datatype: fn() -> ffi::MPI_Datatype,
+    pub(super) elem: usize,
+}
+
+impl std::fmt::Debug for Spec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spec").field("what", &self.what).finish()
+    }
+}
+
+impl Spec {
+    /// The spec of collective `what` on elements of `T`.
+    pub(crate) fn of<T: Equivalence>(what: Collective) -> Self {
+        Self {
+            what,
+            datatype: || T::equivalent_datatype().as_raw(),
+            elem: std::mem::size_of::<T>(),
+        }
+    }
+
+    /// The stand-in of rank `rank` of `size`, failing for `reason`.
+    pub(super) fn stand_in(&self, rank: usize, size: usize, reason: Reason) -> StandIn {
+        StandIn {
+            what: self.what,
+            size,
+            datatype: self.datatype,
+            elem: self.elem,
+            word: UnsafeCell::new([failure_word(rank, size, reason), 0]),
+            buf: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl InFlight for StandIn {
+    fn issue(&self, shared: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int> {
+        match part {
+            // SAFETY: issued once; `word` is MPI's until it completes.
+            Part::Status => unsafe { issue_status(shared, self.word.get().cast()) },
+            Part::Data => {
+                // SAFETY: the status call completed (the caller issues the
+                // data call only then): MPI no longer writes `word`.
+                let len = unsafe { (*self.word.get())[1] }.max(0) as usize;
+                let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+                *buf = vec![0u64; (len * self.elem).div_ceil(8)];
+                let ptr = buf.as_mut_ptr().cast::<c_void>();
+                drop(buf);
+                // SAFETY: `buf` holds at least `len` elements of `elem`
+                // bytes, aligned to 8; it stays in `self`, untouched, until
+                // the data part is done (the progress thread keeps `self`).
+                unsafe { issue_data(shared, self.what, self.size, ptr, len, (self.datatype)()) }
+            }
+        }
+    }
+
+    fn done(&self, part: Part, _: Result<(), String>, leak: bool) {
+        if leak && part == Part::Data {
+            let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(std::mem::take(&mut *buf));
+        }
+    }
+
+    fn data_after_status(&self) -> bool {
+        true
+    }
+}
+
+/// Resolves to the buffer and the collective's outcome, once MPI is done
+/// with both its calls.
+pub(crate) struct Completion<T>(pub(super) Arc<Pending<T>>);
+
+impl<T> std::fmt::Debug for Completion<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion").finish_non_exhaustive()
+    }
+}
+
+impl<T> Future for Completion<T> {
+    type Output = (Vec<T>, Result<(), String>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = self.0.lock();
+        match slot.result.take() {
+            Some(r) => Poll::Ready((std::mem::take(&mut slot.buf), r)),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_word_names_the_lowest_failing_rank() {
+        let size = 5;
+        let words = [
+            0,
+            failure_word(3, size, Reason::Skipped),
+            failure_word(1, size, Reason::Refused),
+        ];
+        let max = words.into_iter().max().unwrap();
+        let m = failed_rank(max, size).unwrap();
+        assert!(
+            m.starts_with("rank 1 failed its part (its op refused"),
+            "{m}"
+        );
+        assert_eq!(failed_rank(0, size), None);
+        let m = failed_rank(failure_word(4, size, Reason::Skipped), size).unwrap();
+        assert!(
+            m.starts_with("rank 4 failed its part (its op did not run"),
+            "{m}"
+        );
+    }
+}
