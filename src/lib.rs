@@ -123,7 +123,9 @@ mod engine;
 
 pub mod parallel;
 
-pub use crate::dep::{AnyVar, Buffer, Device, Element, OpCtx, Var, VarKey, VarMut, VarRef};
+pub use crate::dep::{
+    AnyVar, Buffer, Device, DeviceBuffer, Element, OpCtx, Var, VarKey, VarMut, VarRef,
+};
 #[cfg(feature = "mpi")]
 pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};
 pub use crate::engine::{
@@ -193,7 +195,7 @@ pub mod stream {
     //!
     //! [`OpCtx::stream`]: crate::OpCtx::stream
 
-    pub use crate::device::{Lane, SimMemory, SimView, Stream, cuda_device_count};
+    pub use crate::device::{DeviceSlice, Lane, SimMemory, SimView, Stream, cuda_device_count};
 }
 
 // The public types cross threads as their docs promise (checked at compile
@@ -215,6 +217,8 @@ const _: () = {
     send_sync::<Diagnostics>();
     send_sync::<Graph>();
     send_sync::<Buffer<f32>>();
+    send_sync::<DeviceBuffer<f32>>();
+    send_sync::<stream::DeviceSlice<f32>>();
     send::<Replay>();
     send::<OpHandle<u64>>();
     send::<Wait>();

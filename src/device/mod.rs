@@ -14,6 +14,7 @@
 //!
 //! May import: `crate::loom`, `crate::core`, `crate::error`.
 
+mod arena;
 mod backend;
 #[cfg(feature = "mpi")]
 pub(crate) mod comm;
@@ -23,6 +24,8 @@ mod memory;
 pub(crate) mod poller;
 pub(crate) mod sim;
 
+pub(crate) use self::arena::DeviceMemory;
+pub use self::arena::DeviceSlice;
 pub use self::memory::{SimMemory, SimView};
 
 use std::cell::Cell;
