@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use super::backend::{Backend, Gpu};
+use super::sim::SimEvent;
 use super::{SimMemory, SimView, Stream};
 
 /// The simulated arena's unit: 64-byte aligned, so that every element type
@@ -106,11 +107,8 @@ impl DeviceMemory {
             frees,
         };
         // The other lanes' later work runs after the allocation.
-        let event = backend.new_event()?;
-        backend.record(lane, &event)?;
-        for other in (0..memory.lanes()).filter(|&l| l != lane) {
-            backend.wait(other, &event)?;
-        }
+        let others: Vec<u8> = (0..memory.lanes()).filter(|&l| l != lane).collect();
+        order(backend, &[lane], &others)?;
         Ok(memory)
     }
 
@@ -147,17 +145,10 @@ impl Drop for DeviceMemory {
     fn drop(&mut self) {
         let Some(raw) = self.raw.take() else { return };
         let backend = &self.backend;
-        // The allocating lane waits for every other lane's work so far.
-        for other in (0..self.lanes()).filter(|&l| l != self.lane) {
-            let waited = backend
-                .new_event()
-                .and_then(|event| {
-                    backend.record(other, &event)?;
-                    backend.wait(self.lane, &event)
-                });
-            // Only a dead device refuses, and it runs nothing more.
-            let _ = waited;
-        }
+        // The allocating lane waits for every other lane's work so far
+        // (only a dead device refuses, and it runs nothing more).
+        let others: Vec<u8> = (0..self.lanes()).filter(|&l| l != self.lane).collect();
+        let _ = order(backend, &others, &[self.lane]);
         let frees = self.frees.clone();
         match (raw, &backend.gpu) {
             (Raw::Sim(memory), Gpu::Sim(gpu)) => {
@@ -180,6 +171,32 @@ impl Drop for DeviceMemory {
     }
 }
 
+/// Makes each lane of `to` wait, on the device, for the work enqueued so
+/// far on each lane of `from`: an event recorded on each of `from`, waited
+/// for by each of `to`. One-shot events, not the pool's: a pooled event is
+/// reused once its fence is done, and these have no fence (a simulated
+/// event reused early would satisfy these waits early).
+fn order(backend: &Backend, from: &[u8], to: &[u8]) -> Result<(), String> {
+    if let Some(e) = backend.dead() {
+        return Err(format!("the device is dead: {e}"));
+    }
+    match &backend.gpu {
+        Gpu::Sim(gpu) => {
+            for &f in from {
+                let event = Arc::new(SimEvent::default());
+                let generation = event.next();
+                gpu.signal(f, event.clone(), generation);
+                for &t in to {
+                    gpu.wait(t, event.clone(), generation);
+                }
+            }
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        Gpu::Cuda(gpu) => cuda::order(gpu, from, to),
+    }
+}
+
 /// A simulated allocation being freed: counts itself once dropped.
 struct Freed {
     memory: Option<SimMemory<Line>>,
@@ -190,6 +207,20 @@ impl Drop for Freed {
     fn drop(&mut self) {
         drop(self.memory.take());
         self.frees.fetch_add(1, SeqCst);
+    }
+}
+
+std::thread_local! {
+    /// The thread is inside a simulated slice's `with`.
+    static REACHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears [`REACHING`] when dropped (a panic in `f` included).
+struct Reached;
+
+impl Drop for Reached {
+    fn drop(&mut self) {
+        REACHING.with(|r| r.set(false));
     }
 }
 
@@ -319,14 +350,24 @@ impl<T> DeviceSlice<T> {
     fn reach<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R, String> {
         let (offset, len) = (self.offset, self.len);
         match &self.memory {
-            View::Sim(view) => view.with(|lines| {
+            View::Sim(view) => {
+                // The simulated allocation has one lock: a `with` inside
+                // another would wait for itself.
+                if REACHING.with(|r| r.replace(true)) {
+                    return Err("a device slice's `with` inside another's: take what one \
+                                slice holds first (`with(|x| x.to_vec())`), then reach the next"
+                        .into());
+                }
+                let _done = Reached;
+                view.with(|lines| {
                 let base: *mut u8 = lines.as_mut_ptr().cast();
                 // SAFETY: `slice` (or `recast`) was promised that `T` takes
                 // any bytes, that `offset` is aligned for it (the lines are
                 // 64-byte aligned) and that the range lies in the
                 // allocation; the allocation's lock is held for the borrow.
-                f(unsafe { std::slice::from_raw_parts_mut(base.add(offset).cast::<T>(), len) })
-            }),
+                    f(unsafe { std::slice::from_raw_parts_mut(base.add(offset).cast::<T>(), len) })
+                })
+            }
             #[cfg(feature = "cuda")]
             View::Cuda(_) => Err("not a simulated device: pass `device_ptr` to a kernel".into()),
         }
@@ -351,6 +392,7 @@ mod cuda {
 
     use cudarc::driver::{result, sys};
 
+    use super::super::backend::Settled;
     use super::super::cuda::CudaGpu;
 
     fn message(e: cudarc::driver::DriverError) -> String {
@@ -374,6 +416,26 @@ mod cuda {
             let _ = unsafe { result::ctx::set_current(before) };
         }
         r
+    }
+
+    /// As `arena::order`: a one-shot event per lane of `from` (destroyed
+    /// at once: the driver keeps it until it completes, and a wait enqueued
+    /// on it keeps the record it saw).
+    pub(super) fn order(gpu: &CudaGpu, from: &[u8], to: &[u8]) -> Result<(), String> {
+        in_context(gpu, || {
+            for &f in from {
+                let event = gpu.new_event()?;
+                let waited = gpu
+                    .record(f, &event)
+                    .map_err(|s| match s {
+                        Settled::Over(m) | Settled::Dead(m) => m,
+                    })
+                    .and_then(|()| to.iter().try_for_each(|&t| gpu.wait(t, &event)));
+                gpu.destroy(event);
+                waited?;
+            }
+            Ok(())
+        })
     }
 
     /// `bytes` zeroed bytes, allocated in `lane`'s order.
@@ -410,5 +472,69 @@ mod cuda {
             // this lane waits for all of them (stream order).
             unsafe { result::free_async(ptr, gpu.stream(lane).cu_stream()) }.map_err(message)
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::device::{Fence, Spec, StreamDevice};
+
+    /// A stream of lane `lane` of `dev`, as an op's body gets one.
+    fn stream(dev: &StreamDevice, lane: u8) -> Stream {
+        let fence = Arc::new(Fence::new(0, lane, dev.backend.new_event().unwrap()));
+        Stream::new(dev.backend.clone(), lane, fence)
+    }
+
+    /// Memory allocated on lane 0 and dropped while a kernel on lane 1
+    /// still uses it is freed only after that kernel: the free waits for
+    /// every lane. (Seen failing with the drop's waits removed: the kernel
+    /// reports a use after free.)
+    #[test]
+    fn a_free_waits_for_the_work_of_every_lane() {
+        let dev = StreamDevice::new("arena-test", &Spec::Sim { compute: 2 }).unwrap();
+        let frees = Arc::new(AtomicUsize::new(0));
+        let memory = DeviceMemory::alloc(&stream(&dev, 0), 64, frees.clone()).unwrap();
+        // SAFETY: u64 takes any bytes; offset 0; 8 values are the 64 bytes.
+        let view = unsafe { memory.slice::<u64>(0, 8, true) };
+        let (entered_tx, entered) = mpsc::channel();
+        let (open, gate) = mpsc::channel::<()>();
+        let (result_tx, result) = mpsc::channel();
+        let kernel = move || {
+            entered_tx.send(()).unwrap();
+            gate.recv().unwrap();
+            result_tx.send(view.with_mut(|x| x.fill(1))).unwrap();
+        };
+        dev.backend.enqueue_work(1, Box::new(kernel)).unwrap();
+        entered.recv().unwrap();
+        drop(memory);
+        assert_eq!(frees.load(SeqCst), 0, "freed under a running kernel");
+        open.send(()).unwrap();
+        let used = result.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(used, Ok(()));
+        let start = Instant::now();
+        while frees.load(SeqCst) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(30), "never freed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(frees.load(SeqCst), 1);
+    }
+
+    /// Work on another lane than the allocation's sees zeroed memory.
+    #[test]
+    fn an_allocation_is_zeroed() {
+        let dev = StreamDevice::new("arena-test", &Spec::Sim { compute: 2 }).unwrap();
+        let memory = DeviceMemory::alloc(&stream(&dev, 1), 24, Arc::default()).unwrap();
+        // SAFETY: u32 takes any bytes; 6 values are the 24 bytes.
+        let view = unsafe { memory.slice::<u32>(0, 6, false) };
+        let (tx, rx) = mpsc::channel();
+        let read = move || tx.send(view.with(|x| x.to_vec())).unwrap();
+        dev.backend.enqueue_work(0, Box::new(read)).unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(got, Ok(vec![0; 6]));
+        drop(memory);
     }
 }
