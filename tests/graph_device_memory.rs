@@ -50,19 +50,24 @@ fn chain(
             let bufs = (0..4)
                 .map(|_| rec.device_buffer::<u64>(gpu, 16))
                 .collect::<Result<Vec<_>, _>>()?;
-            rec.op().name("load").on(gpu).reads(&[x]).mutates(&[&bufs[0]]).run({
-                let (x, b) = (x.key(), bufs[0].clone());
-                move |ctx| {
-                    let (x, b) = (*ctx.read(x)?, ctx.device_buffer_mut(&b)?);
-                    Ok(ctx.stream()?.simulate(move || {
-                        b.with_mut(|v| {
-                            for (j, y) in v.iter_mut().enumerate() {
-                                *y = x + j as u64;
-                            }
-                        })
-                    })?)
-                }
-            })?;
+            rec.op()
+                .name("load")
+                .on(gpu)
+                .reads(&[x])
+                .mutates(&[&bufs[0]])
+                .run({
+                    let (x, b) = (x.key(), bufs[0].clone());
+                    move |ctx| {
+                        let (x, b) = (*ctx.read(x)?, ctx.device_buffer_mut(&b)?);
+                        Ok(ctx.stream()?.simulate(move || {
+                            b.with_mut(|v| {
+                                for (j, y) in v.iter_mut().enumerate() {
+                                    *y = x + j as u64;
+                                }
+                            })
+                        })?)
+                    }
+                })?;
             for i in 1..4 {
                 let (a, b) = (bufs[i - 1].clone(), bufs[i].clone());
                 rec.op()
@@ -93,9 +98,9 @@ fn chain(
                     let (b, out) = (bufs[3].clone(), out.key());
                     move |ctx| {
                         let (b, out) = (ctx.device_buffer(&b)?, ctx.write(out)?.clone());
-                        Ok(ctx.stream()?.simulate(move || {
-                            b.with(|v| out.store(v.iter().sum(), SeqCst))
-                        })?)
+                        Ok(ctx
+                            .stream()?
+                            .simulate(move || b.with(|v| out.store(v.iter().sum(), SeqCst)))?)
                     }
                 })?;
             kept = bufs;
@@ -122,14 +127,15 @@ fn a_chain_of_device_buffers_is_right_over_replays_and_shares_memory() {
         assert!(!graph.is_device_allocated(gpu));
         assert_eq!(bufs[0].arena_events(), (0, 0));
         for round in 1..=4u64 {
-            engine.push(&[], &[&x], {
-                let x = x.key();
-                move |ctx| {
-                    *ctx.write(x)? = round;
-                    Ok(())
-                }
-            })
-            .unwrap();
+            engine
+                .push(&[], &[&x], {
+                    let x = x.key();
+                    move |ctx| {
+                        *ctx.write(x)? = round;
+                        Ok(())
+                    }
+                })
+                .unwrap();
             graph.replay().wait().unwrap();
             let got = engine.get(&out).wait().unwrap().load(SeqCst);
             assert_eq!(got, 8 * (16 * round + 120), "round {round}");
@@ -175,27 +181,32 @@ fn a_graph_dropped_while_its_kernel_runs_frees_after_it() {
         let graph = engine
             .record(|rec| {
                 let b = rec.device_buffer::<u64>(gpu, 8)?;
-                rec.op().on(gpu).lane(Lane::Compute(1)).mutates(&[&b]).run({
-                    let b = b.clone();
-                    move |ctx| {
-                        let b = ctx.device_buffer_mut(&b)?;
-                        let (gate, entered) = (gate.clone(), entered_tx.lock().unwrap().clone());
-                        Ok(ctx.stream()?.simulate(move || {
-                            let _ = entered.send(());
-                            gate.pass();
-                            // Fails (the op, so the replay) if the memory
-                            // was given back meanwhile.
-                            b.with_mut(|v| v.fill(7))
-                        })?)
-                    }
-                })?;
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(1))
+                    .mutates(&[&b])
+                    .run({
+                        let b = b.clone();
+                        move |ctx| {
+                            let b = ctx.device_buffer_mut(&b)?;
+                            let (gate, entered) =
+                                (gate.clone(), entered_tx.lock().unwrap().clone());
+                            Ok(ctx.stream()?.simulate(move || {
+                                let _ = entered.send(());
+                                gate.pass();
+                                // Fails (the op, so the replay) if the memory
+                                // was given back meanwhile.
+                                b.with_mut(|v| v.fill(7))
+                            })?)
+                        }
+                    })?;
                 rec.op().on(gpu).reads(&[&b]).mutates(&[&out]).run({
                     let (b, out) = (b.clone(), out.key());
                     move |ctx| {
                         let (b, out) = (ctx.device_buffer(&b)?, ctx.write(out)?.clone());
-                        Ok(ctx.stream()?.simulate(move || {
-                            b.with(|v| out.store(v.iter().sum(), SeqCst))
-                        })?)
+                        Ok(ctx
+                            .stream()?
+                            .simulate(move || b.with(|v| out.store(v.iter().sum(), SeqCst)))?)
                     }
                 })?;
                 buf = Some(b);
@@ -267,7 +278,9 @@ struct RandomOp {
 }
 
 fn random_program(rng: &mut Rng) -> (Vec<usize>, Vec<RandomOp>) {
-    let lens: Vec<usize> = (0..2 + rng.below(7)).map(|_| 1 + rng.below(48) as usize).collect();
+    let lens: Vec<usize> = (0..2 + rng.below(7))
+        .map(|_| 1 + rng.below(48) as usize)
+        .collect();
     let mut written = vec![false; lens.len()];
     let ops = (0..4 + rng.below(11))
         .map(|_| {
@@ -423,7 +436,10 @@ fn planned_sharing_of_device_memory_is_safe_on_random_dags_across_two_lanes() {
         let violations = checker.violations.lock().unwrap();
         assert!(violations.is_empty(), "{violations:?}");
         assert!(checker.verified.load(SeqCst) > 0);
-        assert!(shared >= seeds as usize / 2, "only {shared} graphs share memory");
+        assert!(
+            shared >= seeds as usize / 2,
+            "only {shared} graphs share memory"
+        );
         engine.wait_all().wait().unwrap();
     });
 }
@@ -439,7 +455,10 @@ fn device_buffers_off_their_device_are_refused() {
         .device("cpu1", Executor::pool(1))
         .build()
         .unwrap();
-    let (gpu0, gpu1) = (engine.device("gpu0").unwrap(), engine.device("gpu1").unwrap());
+    let (gpu0, gpu1) = (
+        engine.device("gpu0").unwrap(),
+        engine.device("gpu1").unwrap(),
+    );
     let cpu = engine.device("cpu1").unwrap();
     let graph_err = |r: Result<depflow::Graph, Error>, want: &str| match r {
         Err(Error::Graph(m)) => assert!(m.contains(want), "{m}"),
@@ -481,7 +500,11 @@ fn device_buffers_off_their_device_are_refused() {
         engine.record(|rec| {
             let b = rec.device_buffer::<f32>(gpu0, 4)?;
             let v = rec.new_var();
-            rec.op().on(gpu0).reads(&[&b]).mutates(&[&v]).run(|_| Ok(()))
+            rec.op()
+                .on(gpu0)
+                .reads(&[&b])
+                .mutates(&[&v])
+                .run(|_| Ok(()))
         }),
         "before any op writes it",
     );

@@ -116,10 +116,9 @@ impl DeviceArena {
         len: usize,
         writable: bool,
     ) -> Result<DeviceSlice<T>, Error> {
-        let (offsets, bytes) = self
-            .plan
-            .get()
-            .ok_or_else(|| Error::Graph("a device buffer used before its recording ended".into()))?;
+        let (offsets, bytes) = self.plan.get().ok_or_else(|| {
+            Error::Graph("a device buffer used before its recording ended".into())
+        })?;
         let mut memory = self.memory.lock();
         if let Memory::Untaken = *memory {
             let taken = DeviceMemory::alloc(stream, *bytes, self.frees.clone())

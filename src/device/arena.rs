@@ -89,9 +89,9 @@ impl DeviceMemory {
     ) -> Result<Self, String> {
         let backend = &stream.backend;
         let lane = stream.lane;
-        backend.dead().map_or(Ok(()), |e| {
-            Err(format!("the device is dead: {e}"))
-        })?;
+        backend
+            .dead()
+            .map_or(Ok(()), |e| Err(format!("the device is dead: {e}")))?;
         // A zero-sized arena still gets an allocation of its own.
         let size = bytes.max(1);
         let raw = match &backend.gpu {
@@ -123,7 +123,12 @@ impl DeviceMemory {
     /// `T` is a plain number type, for which any bytes are a value;
     /// `offset` is a multiple of `align_of::<T>()` (at most 64), and
     /// `offset + len * size_of::<T>()` is at most [`bytes`](Self::bytes).
-    pub(crate) unsafe fn slice<T>(&self, offset: usize, len: usize, writable: bool) -> DeviceSlice<T> {
+    pub(crate) unsafe fn slice<T>(
+        &self,
+        offset: usize,
+        len: usize,
+        writable: bool,
+    ) -> DeviceSlice<T> {
         debug_assert!(offset % align_of::<T>() == 0 && align_of::<T>() <= 64);
         debug_assert!(offset + len * size_of::<T>() <= self.bytes.max(1));
         let memory = match self.raw.as_ref().expect("taken only by the drop") {
@@ -360,12 +365,16 @@ impl<T> DeviceSlice<T> {
                 }
                 let _done = Reached;
                 view.with(|lines| {
-                let base: *mut u8 = lines.as_mut_ptr().cast();
-                // SAFETY: `slice` (or `recast`) was promised that `T` takes
-                // any bytes, that `offset` is aligned for it (the lines are
-                // 64-byte aligned) and that the range lies in the
-                // allocation; the allocation's lock is held for the borrow.
-                    f(unsafe { std::slice::from_raw_parts_mut(base.add(offset).cast::<T>(), len) })
+                    let base: *mut u8 = lines.as_mut_ptr().cast();
+                    // SAFETY: `slice` (or `recast`) was promised that `T` takes
+                    // any bytes, that `offset` is aligned for it (the lines are
+                    // 64-byte aligned) and that the range lies in the
+                    // allocation; the allocation's lock is held for the borrow.
+                    f(
+                        unsafe {
+                            std::slice::from_raw_parts_mut(base.add(offset).cast::<T>(), len)
+                        },
+                    )
                 })
             }
             #[cfg(feature = "cuda")]

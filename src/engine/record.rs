@@ -13,8 +13,8 @@ use super::handle::OpHandle;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
-    AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, OpUnits, Var, distinct_edges,
-    in_op, recorded_edges,
+    AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, OpUnits,
+    Var, distinct_edges, in_op, recorded_edges,
 };
 use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
@@ -612,7 +612,8 @@ impl Graph {
     /// (taken on the first access of one of its device buffers there, given
     /// back when the graph goes).
     pub fn is_device_allocated(&self, device: Device) -> bool {
-        self.device_arena(device).is_some_and(|d| d.2.is_allocated())
+        self.device_arena(device)
+            .is_some_and(|d| d.2.is_allocated())
     }
 
     fn device_arena(&self, device: Device) -> Option<&(Device, MemoryPlan, Arc<DeviceArena>)> {
