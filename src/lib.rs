@@ -193,6 +193,11 @@ pub mod stream {
     //! with it, without running their bodies. Shutting a device down waits
     //! for its streams 10 s at most, and for a dead device not at all.
     //!
+    //! A recorded graph's device buffers
+    //! ([`Recorder::device_buffer`](crate::Recorder::device_buffer)) live in
+    //! the device's memory; a body hands its device work a [`DeviceSlice`]
+    //! of one ([`OpCtx::device_buffer`](crate::OpCtx::device_buffer)).
+    //!
     //! [`OpCtx::stream`]: crate::OpCtx::stream
 
     pub use crate::device::{DeviceSlice, Lane, SimMemory, SimView, Stream, cuda_device_count};

@@ -242,7 +242,7 @@ enum View {
 /// On the simulated GPU, [`with`](Self::with) and
 /// [`with_mut`](Self::with_mut) reach the values from work on a stream
 /// (`Stream::simulate`), and fail with "use after free" if the memory was
-/// given back; on a CUDA device, [`device_ptr`](Self::device_ptr) (feature
+/// given back; on a CUDA device, `device_ptr` (feature
 /// `cuda`) is the address to pass a kernel.
 pub struct DeviceSlice<T> {
     memory: View,
@@ -325,12 +325,15 @@ impl<T> DeviceSlice<T> {
     }
 
     /// On the simulated GPU: runs `f` on the values (from device work),
-    /// or reports a use after free.
+    /// or reports a use after free. The simulated memory has one lock per
+    /// graph and device: one `with` at a time per thread (copy what one
+    /// slice holds out before reaching the next).
     ///
     /// # Errors
     ///
     /// "use after free" if the graph's device memory was given back before
-    /// or while `f` ran; on a CUDA device, that it is not simulated.
+    /// or while `f` ran; a `with` inside another's; on a CUDA device, that
+    /// it is not simulated.
     pub fn with<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R, String> {
         self.reach(|values| f(values))
     }
@@ -415,14 +418,14 @@ mod cuda {
     /// calling thread's (a launcher or poller keeps the engine's anyway).
     fn in_context<R>(gpu: &CudaGpu, f: impl FnOnce() -> Result<R, String>) -> Result<R, String> {
         let before = result::ctx::get_current().map_err(message)?;
+        let engine = gpu.stream(0).context().cu_ctx();
         gpu.bind()?;
         let r = f();
-        if let Some(before) = before
-            && before != gpu.stream(0).context().cu_ctx()
-        {
+        if before != Some(engine) {
             // SAFETY: `before` was current on this thread a moment ago, so
-            // its owner keeps it alive (setting it back is what it expects).
-            let _ = unsafe { result::ctx::set_current(before) };
+            // its owner keeps it alive (setting it back is what it expects);
+            // null (none was current) unbinds.
+            let _ = unsafe { result::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) };
         }
         r
     }

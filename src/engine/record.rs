@@ -162,7 +162,10 @@ impl<'e> Recorder<'e> {
     /// planned as host buffers are ([`Graph::device_plan`]): taken by the
     /// first replay that reaches one, in stream order, and given back in
     /// stream order (after every replay's device work) when the graph is
-    /// dropped. Its first op in recorded order must mutate it. See
+    /// dropped. Two device buffers share bytes only if every use of one
+    /// happens before every use of the other in the DAG, in either
+    /// [`Order`] (the device orders work on two lanes only through the ops'
+    /// variables). Its first op in recorded order must mutate it. See
     /// [`OpCtx::device_buffer`] for an example.
     ///
     /// # Errors
