@@ -227,6 +227,102 @@ fn a_graph_dropped_while_its_kernel_runs_frees_after_it() {
     });
 }
 
+/// Buffers on two devices: an arena on each, planned, taken and given
+/// back on its own; values pass from one device to the other through a
+/// variable.
+#[test]
+fn each_device_has_its_own_arena() {
+    within(60, || {
+        let engine = Engine::builder()
+            .threads(2)
+            .device("gpu0", Executor::simulated_gpu(2))
+            .device("gpu1", Executor::simulated_gpu(1))
+            .build()
+            .unwrap();
+        let (gpu0, gpu1) = (
+            engine.device("gpu0").unwrap(),
+            engine.device("gpu1").unwrap(),
+        );
+        let (x, mid, out) = (
+            engine.var(0u32),
+            engine.var(Mem::default()),
+            engine.var(Mem::default()),
+        );
+        let mut kept = None;
+        let graph = engine
+            .record(|rec| {
+                let a = rec.device_buffer::<u32>(gpu0, 8)?;
+                let b = rec.device_buffer_named::<u64>("b", gpu1, 3)?;
+                rec.op().on(gpu0).reads(&[&x]).mutates(&[&a]).run({
+                    let (x, a) = (x.key(), a.clone());
+                    move |ctx| {
+                        let (x, a) = (*ctx.read(x)?, ctx.device_buffer_mut(&a)?);
+                        Ok(ctx.stream()?.simulate(move || a.with_mut(|v| v.fill(x)))?)
+                    }
+                })?;
+                rec.op()
+                    .on(gpu0)
+                    .lane(Lane::Compute(1))
+                    .reads(&[&a])
+                    .mutates(&[&mid])
+                    .run({
+                        let (a, mid) = (a.clone(), mid.key());
+                        move |ctx| {
+                            let (a, mid) = (ctx.device_buffer(&a)?, ctx.write(mid)?.clone());
+                            Ok(ctx.stream()?.simulate(move || {
+                                a.with(|v| mid.store(v.iter().map(|&y| u64::from(y)).sum(), SeqCst))
+                            })?)
+                        }
+                    })?;
+                rec.op().on(gpu1).reads(&[&mid]).mutates(&[&b]).run({
+                    let (mid, b) = (mid.key(), b.clone());
+                    move |ctx| {
+                        let (mid, b) = (ctx.read(mid)?.clone(), ctx.device_buffer_mut(&b)?);
+                        Ok(ctx
+                            .stream()?
+                            .simulate(move || b.with_mut(|v| v.fill(mid.load(SeqCst))))?)
+                    }
+                })?;
+                rec.op().on(gpu1).reads(&[&b]).mutates(&[&out]).run({
+                    let (b, out) = (b.clone(), out.key());
+                    move |ctx| {
+                        let (b, out) = (ctx.device_buffer(&b)?, ctx.write(out)?.clone());
+                        Ok(ctx
+                            .stream()?
+                            .simulate(move || b.with(|v| out.store(v.iter().sum(), SeqCst)))?)
+                    }
+                })?;
+                kept = Some((a, b));
+                Ok(())
+            })
+            .unwrap();
+        let (a, b) = kept.unwrap();
+        assert_eq!((a.device_index(), b.device_index()), (1, 2));
+        assert_eq!(graph.device_plan(gpu0).unwrap().total_bytes, 32);
+        assert_eq!(graph.device_plan(gpu1).unwrap().total_bytes, 24);
+        for round in 1..=3u32 {
+            engine
+                .push(&[], &[&x], {
+                    let x = x.key();
+                    move |ctx| {
+                        *ctx.write(x)? = round;
+                        Ok(())
+                    }
+                })
+                .unwrap();
+            graph.replay().wait().unwrap();
+            let got = engine.get(&out).wait().unwrap().load(SeqCst);
+            assert_eq!(got, 3 * 8 * u64::from(round), "round {round}");
+        }
+        assert!(graph.is_device_allocated(gpu0) && graph.is_device_allocated(gpu1));
+        assert_eq!((a.arena_events(), b.arena_events()), ((1, 0), (1, 0)));
+        drop(graph);
+        eventually("both arenas are given back", || {
+            a.arena_events().1 == 1 && b.arena_events().1 == 1
+        });
+    });
+}
+
 // ---- the stamp checker on random DAGs ----
 
 /// A buffer's stamp for an iteration: its owner and the iteration, in 32

@@ -36,6 +36,8 @@ pub(crate) struct Recording {
     /// The planned device buffers: one arena per device, made by the
     /// first buffer on it, with its buffers in slot order.
     pub(crate) device: Vec<DeviceBuffers>,
+    /// Each device buffer's device, by id.
+    pub(crate) device_of: HashMap<VarId, u16>,
 }
 
 /// One device arena of a recording, and the buffers declared in it.
@@ -68,25 +70,21 @@ impl Recording {
         let d = &mut self.device[at];
         let slot = u32::try_from(d.buffers.len()).expect("at most 2^32 buffers");
         d.buffers.push((id, bytes, align));
+        self.device_of.insert(id, device);
         (d.arena.clone(), slot)
     }
 
-    /// Refuses an op (of `spec`, named `name`) that declares a device
+    /// Refuses an op (of `spec`) that declares a device
     /// buffer off its device: a host op, or an op on another device.
     pub(crate) fn check_device_buffers(&self, spec: &OpSpec) -> Result<(), Error> {
-        if self.device.is_empty() {
+        if self.device_of.is_empty() {
             return Ok(());
         }
         for e in spec.edges.iter() {
             let id = e.var.id();
-            let Some(d) = self
-                .device
-                .iter()
-                .find(|d| d.buffers.iter().any(|b| b.0 == id))
-            else {
+            let Some(&home) = self.device_of.get(&id) else {
                 continue;
             };
-            let home = d.arena.device();
             let op = spec
                 .name
                 .as_ref()
@@ -172,6 +170,7 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
         order,
         arena,
         device,
+        device_of: _,
     } = recording;
 
     // Dense variable numbers, in order of first use.
