@@ -323,6 +323,25 @@ fn each_device_has_its_own_arena() {
     });
 }
 
+/// A graph that outlives its engine gives its device memory back when it
+/// goes. (Seen failing before the simulated device freed at once once shut
+/// down: the free waited, unrun, in a stopped lane's queue for as long as
+/// anything held the device.)
+#[test]
+fn a_graph_that_outlives_its_engine_frees_its_device_memory() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (x, out) = (engine.var(1u64), engine.var(Mem::default()));
+        let (graph, bufs) = chain(&engine, gpu, &x, &out);
+        graph.replay().wait().unwrap();
+        drop(engine);
+        assert!(matches!(graph.replay().wait(), Err(Error::ShutDown)));
+        assert_eq!(bufs[0].arena_events(), (1, 0));
+        drop(graph);
+        eventually("the arena is given back", || bufs[0].arena_events().1 == 1);
+    });
+}
+
 // ---- the stamp checker on random DAGs ----
 
 /// A buffer's stamp for an iteration: its owner and the iteration, in 32

@@ -23,7 +23,9 @@
 //! allocating lane waits for them all, and the free is enqueued there. So
 //! the free runs after every piece of work enqueued on the device before it,
 //! on any lane: it never races a kernel, even one still running when the
-//! graph goes, and no thread waits for it. The simulated device's free sets
+//! graph goes, and no thread waits for it (on a simulated device already
+//! shut down, whose threads have all returned, it is freed at once). The
+//! simulated device's free sets
 //! the `SimMemory`'s freed flag, so a view used after it fails with "use
 //! after free" instead of reading freed memory.
 //!
@@ -161,9 +163,14 @@ impl Drop for DeviceMemory {
                     memory: Some(memory),
                     frees,
                 };
-                // Run by the lane's thread after its earlier work (a dead or
-                // stopped device drops it unrun: freed then).
-                gpu.run(self.lane, Box::new(move || drop(free)));
+                if gpu.is_finished() {
+                    // Shut down: nothing runs on the device any more.
+                    drop(free);
+                } else {
+                    // Run by the lane's thread after its earlier work (a
+                    // dead device drops it unrun: freed then).
+                    gpu.run(self.lane, Box::new(move || drop(free)));
+                }
             }
             #[cfg(feature = "cuda")]
             (Raw::Cuda(ptr), Gpu::Cuda(gpu)) => {
