@@ -25,9 +25,9 @@
 //! on any lane: it never races a kernel, even one still running when the
 //! graph goes, and no thread waits for it (on a simulated device already
 //! shut down, whose threads have all returned, it is freed at once). The
-//! simulated device's free sets
-//! the `SimMemory`'s freed flag, so a view used after it fails with "use
-//! after free" instead of reading freed memory.
+//! simulated device's free sets the `SimMemory`'s freed flag, so a view
+//! used after it fails with "use after free" instead of reading freed
+//! memory.
 //!
 //! On CUDA the calls are the driver's, made with the engine's context
 //! current (the drop may run on any thread: the context current there
