@@ -110,7 +110,12 @@ impl DeviceMemory {
         };
         // The other lanes' later work runs after the allocation.
         let others: Vec<u8> = (0..memory.lanes()).filter(|&l| l != lane).collect();
-        order(backend, &[lane], &others)?;
+        if let Err(e) = order(backend, &[lane], &others) {
+            // Given back by the drop, but not counted: it was never handed out.
+            let mut memory = memory;
+            memory.frees = Arc::default();
+            return Err(e);
+        }
         Ok(memory)
     }
 
