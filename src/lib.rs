@@ -123,7 +123,9 @@ mod engine;
 
 pub mod parallel;
 
-pub use crate::dep::{AnyVar, Buffer, Device, Element, OpCtx, Var, VarKey, VarMut, VarRef};
+pub use crate::dep::{
+    AnyVar, Buffer, Device, DeviceBuffer, Element, OpCtx, Var, VarKey, VarMut, VarRef,
+};
 #[cfg(feature = "mpi")]
 pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};
 pub use crate::engine::{
@@ -191,9 +193,14 @@ pub mod stream {
     //! with it, without running their bodies. Shutting a device down waits
     //! for its streams 10 s at most, and for a dead device not at all.
     //!
+    //! A recorded graph's device buffers
+    //! ([`Recorder::device_buffer`](crate::Recorder::device_buffer)) live in
+    //! the device's memory; a body hands its device work a [`DeviceSlice`]
+    //! of one ([`OpCtx::device_buffer`](crate::OpCtx::device_buffer)).
+    //!
     //! [`OpCtx::stream`]: crate::OpCtx::stream
 
-    pub use crate::device::{Lane, SimMemory, SimView, Stream, cuda_device_count};
+    pub use crate::device::{DeviceSlice, Lane, SimMemory, SimView, Stream, cuda_device_count};
 }
 
 // The public types cross threads as their docs promise (checked at compile
@@ -215,6 +222,8 @@ const _: () = {
     send_sync::<Diagnostics>();
     send_sync::<Graph>();
     send_sync::<Buffer<f32>>();
+    send_sync::<DeviceBuffer<f32>>();
+    send_sync::<stream::DeviceSlice<f32>>();
     send::<Replay>();
     send::<OpHandle<u64>>();
     send::<Wait>();

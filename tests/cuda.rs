@@ -512,3 +512,158 @@ fn a_captured_graph_runs_its_bodies_once_and_launches_per_replay() {
         drop(x);
     });
 }
+
+/// A recorded graph's device buffers on a CUDA device: one arena taken
+/// with `cuMemAllocAsync` by the first replay, two buffers sharing it
+/// (the second is written only after the first was copied back), kernels
+/// on two lanes and copies on the device-to-host lane reaching them
+/// through `DeviceSlice::device_ptr`; right over several replays, and the
+/// arena given back (`cuMemFreeAsync`) once when the graph goes.
+#[test]
+fn a_graph_s_device_buffers_share_one_arena_of_device_memory() {
+    within(120, || {
+        let Some(g) = gpu("a_graph_s_device_buffers_share_one_arena_of_device_memory") else {
+            return;
+        };
+        let pinned = |n: usize| {
+            // SAFETY: written at once, below.
+            let mut p = unsafe { g.ctx.alloc_pinned_with_flags::<u32>(n, 0) }.unwrap();
+            p.as_mut_slice().unwrap().fill(u32::MAX);
+            g.engine.var(p)
+        };
+        let (first, second) = (pinned(2), pinned(2));
+        let round = g.engine.var(0u32);
+        let gpu = g.gpu;
+        /// Launches `f` with the device pointer `ptr` (and `v`, if any).
+        fn launch(
+            ctx: &depflow::OpCtx,
+            f: &CudaFunction,
+            ptr: u64,
+            v: Option<u32>,
+        ) -> Result<(), BoxError> {
+            let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+            let mut launch = stream.launch_builder(f);
+            launch.arg(&ptr);
+            if let Some(v) = &v {
+                launch.arg(v);
+            }
+            // SAFETY: the arguments match the kernel; the buffer holds 2 u32.
+            unsafe { launch.launch(ONE) }?;
+            Ok(())
+        }
+        /// Copies 2 u32 from `ptr` into the pinned host variable `host`.
+        fn copy_back(
+            ctx: &depflow::OpCtx,
+            ptr: u64,
+            host: depflow::VarKey<PinnedHostSlice<u32>>,
+        ) -> Result<(), BoxError> {
+            let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+            let mut host = ctx.write(host)?;
+            // SAFETY: `ptr` holds 2 u32 (the op's buffer); the host memory
+            // is pinned and read only by ops after this op's fence.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    host.as_mut_slice()?,
+                    ptr,
+                    stream.cu_stream(),
+                )
+            }?;
+            Ok(())
+        }
+        let mut kept = None;
+        let graph = g
+            .engine
+            .record(|rec| {
+                let a = rec.device_buffer::<u32>(gpu, 2)?;
+                let b = rec.device_buffer::<u32>(gpu, 2)?;
+                let (store, consume) = (g.store.clone(), g.consume.clone());
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(0))
+                    .reads(&[&round])
+                    .mutates(&[&a])
+                    .run({
+                        let (a, r, store) = (a.clone(), round.key(), store.clone());
+                        move |ctx| {
+                            let ptr = ctx.device_buffer_mut(&a)?.device_ptr().unwrap();
+                            launch(ctx, &store, ptr, Some(*ctx.read(r)?))
+                        }
+                    })?;
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(1))
+                    .mutates(&[&a])
+                    .run({
+                        let a = a.clone();
+                        move |ctx| {
+                            let ptr = ctx.device_buffer_mut(&a)?.device_ptr().unwrap();
+                            launch(ctx, &consume, ptr, None)
+                        }
+                    })?;
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::DeviceToHost)
+                    .reads(&[&a])
+                    .mutates(&[&first])
+                    .run({
+                        let (a, h) = (a.clone(), first.key());
+                        move |ctx| copy_back(ctx, ctx.device_buffer(&a)?.device_ptr().unwrap(), h)
+                    })?;
+                // After the copy (it reads `first`): `b` may take `a`'s bytes.
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(1))
+                    .reads(&[&round, &first])
+                    .mutates(&[&b])
+                    .run({
+                        let (b, r) = (b.clone(), round.key());
+                        move |ctx| {
+                            let ptr = ctx.device_buffer_mut(&b)?.device_ptr().unwrap();
+                            launch(ctx, &store, ptr, Some(*ctx.read(r)? + 100))
+                        }
+                    })?;
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::DeviceToHost)
+                    .reads(&[&b])
+                    .mutates(&[&second])
+                    .run({
+                        let (b, h) = (b.clone(), second.key());
+                        move |ctx| copy_back(ctx, ctx.device_buffer(&b)?.device_ptr().unwrap(), h)
+                    })?;
+                kept = Some(b);
+                Ok(())
+            })
+            .unwrap();
+        let kept = kept.unwrap();
+        let plan = graph.device_plan(gpu).unwrap();
+        assert_eq!((plan.arena_bytes, plan.total_bytes), (8, 16), "{plan:?}");
+        let read = |h: &Var<PinnedHostSlice<u32>>| {
+            let k = h.key();
+            g.engine
+                .push(&[h], &[], move |ctx| Ok(ctx.read(k)?.as_slice()?.to_vec()))
+                .unwrap()
+                .wait()
+                .unwrap()
+        };
+        for r in 1..=3u32 {
+            g.engine
+                .push(&[], &[&round], {
+                    let k = round.key();
+                    move |ctx| {
+                        *ctx.write(k)? = r;
+                        Ok(())
+                    }
+                })
+                .unwrap();
+            graph.replay().wait().unwrap();
+            assert_eq!(read(&first), vec![r, r * 10 + 2], "round {r}");
+            assert_eq!(read(&second)[0], r + 100, "round {r}");
+        }
+        assert_eq!(kept.arena_events(), (1, 0));
+        drop(graph);
+        g.engine.wait_all().wait().unwrap();
+        assert_eq!(kept.arena_events(), (1, 1));
+        drop((first, second));
+    });
+}

@@ -19,6 +19,7 @@
 //! | `host` | what the layer needs from above: the [`Host`] trait |
 //! | `resident` | a recorded graph's ops: their resident tasks, and one run of such an op |
 //! | `buffer` | planned buffers ([`Buffer`]) and the arena a graph's buffers share |
+//! | `device_buffer` | planned device buffers ([`DeviceBuffer`]): one arena of device memory per device per graph, and a body's views of it |
 //!
 //! May import: `crate::loom`, `crate::core`, `crate::error`,
 //! `crate::resource`, `crate::device`. It reaches the engine only through
@@ -31,6 +32,7 @@ mod body;
 mod buffer;
 mod ctx;
 mod decl;
+mod device_buffer;
 mod future;
 mod host;
 mod lifecycle;
@@ -57,6 +59,8 @@ pub(crate) use self::ctx::Env;
 pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
 pub(crate) use self::decl::edges;
 pub(crate) use self::decl::{distinct_edges, recorded_edges};
+pub use self::device_buffer::DeviceBuffer;
+pub(crate) use self::device_buffer::{DeviceArena, DeviceArenas};
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, Units, new_host_id};
 pub(crate) use self::output::take_late_failures;

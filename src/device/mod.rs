@@ -1,7 +1,8 @@
 //! Stream devices, op-agnostic: backends (simulated, CUDA) with their
 //! streams and pooled events, the [`Stream`] an op's body enqueues on, the
 //! poller that completes fences when their events are reached (and runs
-//! the ops' completions), the simulated device's memory, and the device's
+//! the ops' completions), the simulated device's memory, recorded graphs'
+//! device memory (`arena`: taken and freed in stream order), and the device's
 //! threads with their bounded shutdown.
 //!
 //! How an op runs on a stream device (enqueue, record its fence, hand its
@@ -14,6 +15,7 @@
 //!
 //! May import: `crate::loom`, `crate::core`, `crate::error`.
 
+mod arena;
 mod backend;
 mod capture;
 #[cfg(feature = "mpi")]
@@ -24,6 +26,8 @@ mod memory;
 pub(crate) mod poller;
 pub(crate) mod sim;
 
+pub(crate) use self::arena::DeviceMemory;
+pub use self::arena::DeviceSlice;
 pub use self::memory::{SimMemory, SimView};
 
 use std::cell::Cell;

@@ -264,6 +264,12 @@ impl SimGpu {
         }
     }
 
+    /// Whether every thread of the device has returned (after its
+    /// shutdown): work enqueued from now on never runs.
+    pub(crate) fn is_finished(&self) -> bool {
+        *self.threads.running.lock() == 0
+    }
+
     /// Lets the streams finish what they hold, then joins their threads,
     /// waiting until `deadline` at most (None: not at all; see
     /// `Threads::join`).

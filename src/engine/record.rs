@@ -13,8 +13,8 @@ use super::handle::OpHandle;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
-    AnyVar, Buffer, Device, Element, Host, Mode, OpCtx, OpSpec, OpUnits, Var, distinct_edges,
-    in_op, recorded_edges,
+    AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, OpUnits,
+    Var, distinct_edges, in_op, recorded_edges,
 };
 use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
@@ -157,6 +157,75 @@ impl<'e> Recorder<'e> {
         Buffer::new(var, recording.arena.clone(), slot, len)
     }
 
+    /// A new planned device buffer of `len` values of `T` in the memory of
+    /// stream device `device`: an intermediate that only the graph's ops
+    /// on that device may declare, reached in their bodies as a
+    /// [`DeviceSlice`](crate::stream::DeviceSlice) for their device work
+    /// ([`OpCtx::device_buffer`], [`OpCtx::device_buffer_mut`]). The
+    /// graph's buffers on one device share one arena of device memory,
+    /// planned as host buffers are ([`Graph::device_plan`]): taken by the
+    /// first replay that reaches one, in stream order, and given back in
+    /// stream order (after every replay's device work) when the graph is
+    /// dropped. Two device buffers share bytes only if every use of one
+    /// happens before every use of the other in the DAG, in either
+    /// [`Order`] (the device orders work on two lanes only through the ops'
+    /// variables). Its first op in recorded order must mutate it. See
+    /// [`OpCtx::device_buffer`] for an example.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for another engine's device; [`Error::Graph`] for
+    /// a device without streams (use [`buffer`](Self::buffer) there).
+    pub fn device_buffer<T: Element>(
+        &mut self,
+        device: Device,
+        len: usize,
+    ) -> Result<DeviceBuffer<T>, Error> {
+        self.make_device_buffer(device, len, None)
+    }
+
+    /// [`device_buffer`](Self::device_buffer), named `name` in errors and
+    /// the graph's DOT.
+    ///
+    /// # Errors
+    ///
+    /// As for `device_buffer`.
+    pub fn device_buffer_named<T: Element>(
+        &mut self,
+        name: &str,
+        device: Device,
+        len: usize,
+    ) -> Result<DeviceBuffer<T>, Error> {
+        self.make_device_buffer(device, len, Some(name.into()))
+    }
+
+    fn make_device_buffer<T: Element>(
+        &mut self,
+        device: Device,
+        len: usize,
+        name: Option<Arc<str>>,
+    ) -> Result<DeviceBuffer<T>, Error> {
+        let shared = self.engine.shared();
+        if device.engine != shared.id {
+            return Err(Error::Config("the device belongs to another engine".into()));
+        }
+        if shared.stream_device(device.index).is_none() {
+            return Err(Error::Graph(format!(
+                "a device buffer on device {}, which has no streams: device buffers live in a \
+                 stream device's memory (Executor::simulated_gpu, Executor::cuda); use \
+                 Recorder::buffer for host memory",
+                device.index
+            )));
+        }
+        let recording = &mut self.recording;
+        let var = Var::intermediate(shared.id, (), recording.graph, name);
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .expect("buffer size overflows");
+        let (arena, slot) = recording.device_slot(device.index, var.id(), bytes, align_of::<T>());
+        Ok(DeviceBuffer::new(var, arena, slot, len))
+    }
+
     /// The order replays run the ops in (default [`Order::Parallel`]).
     pub fn order(&mut self, order: Order) -> &mut Self {
         self.recording.order = order;
@@ -283,7 +352,11 @@ impl<'e> Recorder<'e> {
         analysed.mutates.push(Box::new(Var::new(shared.id, ())));
         let capture = match self.capture {
             true => {
-                let capturing = capturing(&analysed.runtime, analysed.plan.buffers.len())?;
+                // Device buffers too: their arena is taken by a replay's
+                // first access, which under capture would be captured.
+                let device: usize = analysed.device.iter().map(|d| d.1.buffers.len()).sum();
+                let planned = analysed.plan.buffers.len() + device;
+                let capturing = capturing(&analysed.runtime, planned)?;
                 // A launch op only reads the token: a failed launch must not
                 // poison it (no later launch would run), and launches are
                 // ordered by what they mutate and their lane (see
@@ -518,6 +591,7 @@ impl<'r> RecordOp<'r, '_> {
             mode: Mode::Normal,
             generation: 0,
         };
+        recorder.recording.check_device_buffers(&spec)?;
         let vars: Vec<&dyn AnyVar> = self.mutates.iter().chain(&self.reads).copied().collect();
         recorder.recording.push(spec, Box::new(f), &vars);
         Ok(())
@@ -662,6 +736,26 @@ impl Graph {
     /// The memory plan of the graph's planned buffers.
     pub fn plan(&self) -> &MemoryPlan {
         &self.inner.analysed.plan
+    }
+
+    /// The memory plan of the graph's device buffers on `device`
+    /// ([`Recorder::device_buffer`]): their offsets in the device's arena,
+    /// its size against the sum of the buffers. None if the graph has no
+    /// device buffer there.
+    pub fn device_plan(&self, device: Device) -> Option<&MemoryPlan> {
+        self.device_arena(device).map(|d| &d.1)
+    }
+
+    /// Whether a replay has taken the graph's device memory on `device`
+    /// (taken on the first access of one of its device buffers there, given
+    /// back when the graph goes).
+    pub fn is_device_allocated(&self, device: Device) -> bool {
+        self.device_arena(device)
+            .is_some_and(|d| d.2.is_allocated())
+    }
+
+    fn device_arena(&self, device: Device) -> Option<&(Device, MemoryPlan, Arc<DeviceArena>)> {
+        self.inner.analysed.device.iter().find(|d| d.0 == device)
     }
 
     /// Whether a replay has taken the arena's memory yet (it is taken on

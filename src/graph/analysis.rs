@@ -9,7 +9,7 @@ use super::dot::DotVar;
 use super::plan::{self, conflicts_parallel, conflicts_sequential};
 use super::run::{Runtime, Schedule};
 use super::{GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};
-use crate::dep::{AnyVar, Arena, Host, OpSpec, RecordedBody};
+use crate::dep::{AnyVar, Arena, Device, DeviceArena, DeviceArenas, Host, OpSpec, RecordedBody};
 use crate::error::{Error, VarId};
 
 /// One recorded op: as it will run, and as the graph shows it.
@@ -33,9 +33,82 @@ pub(crate) struct Recording {
     pub(crate) order: Order,
     /// The memory the planned buffers share.
     pub(crate) arena: Arc<Arena>,
+    /// The planned device buffers: one arena per device, made by the
+    /// first buffer on it, with its buffers in slot order.
+    pub(crate) device: Vec<DeviceBuffers>,
+    /// Each device buffer's device, by id.
+    pub(crate) device_of: HashMap<VarId, u16>,
+}
+
+/// One device arena of a recording, and the buffers declared in it.
+pub(crate) struct DeviceBuffers {
+    pub(crate) arena: Arc<DeviceArena>,
+    /// Per buffer, in slot order: its id, size and alignment.
+    pub(crate) buffers: Vec<(VarId, usize, usize)>,
 }
 
 impl Recording {
+    /// A new device buffer of `bytes` bytes aligned to `align` on device
+    /// `device`: its arena and its slot there.
+    pub(crate) fn device_slot(
+        &mut self,
+        device: u16,
+        id: VarId,
+        bytes: usize,
+        align: usize,
+    ) -> (Arc<DeviceArena>, u32) {
+        let at = match self.device.iter().position(|d| d.arena.device() == device) {
+            Some(at) => at,
+            None => {
+                self.device.push(DeviceBuffers {
+                    arena: Arc::new(DeviceArena::new(device)),
+                    buffers: Vec::new(),
+                });
+                self.device.len() - 1
+            }
+        };
+        let d = &mut self.device[at];
+        let slot = u32::try_from(d.buffers.len()).expect("at most 2^32 buffers");
+        d.buffers.push((id, bytes, align));
+        self.device_of.insert(id, device);
+        (d.arena.clone(), slot)
+    }
+
+    /// Refuses an op (of `spec`) that declares a device
+    /// buffer off its device: a host op, or an op on another device.
+    pub(crate) fn check_device_buffers(&self, spec: &OpSpec) -> Result<(), Error> {
+        if self.device_of.is_empty() {
+            return Ok(());
+        }
+        for e in spec.edges.iter() {
+            let id = e.var.id();
+            let Some(&home) = self.device_of.get(&id) else {
+                continue;
+            };
+            let op = spec
+                .name
+                .as_ref()
+                .map(|n| format!("op `{n}`"))
+                .unwrap_or_else(|| "an op".into());
+            if spec.lane.is_none() {
+                return Err(Error::Graph(format!(
+                    "device buffer {id} lives in the memory of device {home}: {op} on the host \
+                     (device {}) cannot declare it; run it on device {home} (`.on(device)`), or \
+                     use a host buffer (Recorder::buffer)",
+                    spec.device_index
+                )));
+            }
+            if spec.device_index != home {
+                return Err(Error::Graph(format!(
+                    "device buffer {id} lives in the memory of device {home}: {op} on device {} \
+                     cannot declare it (copy it through a variable instead)",
+                    spec.device_index
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Records op `spec` with `body`; `vars` are the variables it declared
     /// (those from outside join the boundary).
     pub(crate) fn push(&mut self, spec: OpSpec, body: RecordedBody, vars: &[&dyn AnyVar]) {
@@ -78,6 +151,8 @@ pub(crate) struct Analysed<H: Host> {
     /// The boundary by id, with whether the graph mutates each.
     pub(crate) boundary: Vec<(VarId, bool)>,
     pub(crate) arena: Arc<Arena>,
+    /// Per device with device buffers: its index, its plan and its arena.
+    pub(crate) device: Vec<(Device, MemoryPlan, Arc<DeviceArena>)>,
 }
 
 /// Analyses `recording` into a graph whose ops run on `host`.
@@ -94,6 +169,8 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
         buffers: declared,
         order,
         arena,
+        device,
+        device_of: _,
     } = recording;
 
     // Dense variable numbers, in order of first use.
@@ -123,6 +200,19 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
 
     let (planned, plan, slot_of) = plan_buffers(&ops, &declared, &dag, order)?;
     arena.set_plan(planned.offsets.into_boxed_slice(), planned.arena_bytes);
+    // Each device's buffers, planned as the host's are, in its own arena
+    // (the DOT's arena note shows the host's).
+    let mut device_plans = Vec::with_capacity(device.len());
+    for d in device {
+        // By the DAG's happens-before whatever the order: in sequential
+        // order too, the device work of consecutive ops on different lanes
+        // is ordered only through their variables (the data edges).
+        let (planned, plan, _) = plan_buffers(&ops, &d.buffers, &dag, Order::Parallel)?;
+        d.arena
+            .set_plan(planned.offsets.into_boxed_slice(), planned.arena_bytes);
+        device_plans.push((Device::new(host.id(), d.arena.device()), plan, d.arena));
+    }
+    let device_arenas = DeviceArenas(device_plans.iter().map(|d| d.2.clone()).collect());
 
     // The boundary variables some op mutates: the replay's op mutates them
     // (and counts no version: the recorded ops count theirs).
@@ -148,6 +238,7 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
         succ_start: dag.succ_start.clone().into_boxed_slice(),
         succ: dag.succ.clone().into_boxed_slice(),
         roots: dag.roots.clone().into_boxed_slice(),
+        device_arenas,
     };
     let mut infos = Vec::with_capacity(ops.len());
     let mut parts = Vec::with_capacity(ops.len());
@@ -192,6 +283,7 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
         plan,
         boundary,
         arena,
+        device: device_plans,
     })
 }
 

@@ -86,7 +86,7 @@ pub(crate) fn capturing<H: Host>(runtime: &Runtime<H>, planned: usize) -> Result
     };
     if planned > 0 {
         return refuse(format!(
-            "it has {planned} planned buffers (host memory, taken by its replays)"
+            "it has {planned} planned buffers (host or device memory, taken by its replays)"
         ));
     }
     let mut target = None;

@@ -13,7 +13,9 @@ pub enum Order {
     #[default]
     Parallel,
     /// The recorded order, one op at a time (SINGA's sequential mode):
-    /// simpler to reason about, and buffers share more memory.
+    /// simpler to reason about, and host buffers share more memory (device
+    /// buffers are planned by the dependencies in either order: work on two
+    /// lanes of a device is ordered only through variables).
     Sequential,
 }
 

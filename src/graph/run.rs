@@ -116,6 +116,11 @@ pub(crate) struct Schedule {
     pub(crate) succ: Box<[u32]>,
     /// The ops that wait for none, in recorded order.
     pub(crate) roots: Box<[u32]>,
+    /// The graph's device memory: given back, in stream order, when the
+    /// runtime goes (no replay in flight, all their device work done).
+    /// Held for its drop.
+    #[allow(dead_code)]
+    pub(crate) device_arenas: crate::dep::DeviceArenas,
 }
 
 /// A recorded graph's runtime, shared by its handle and the replay in
