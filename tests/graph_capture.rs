@@ -488,7 +488,10 @@ fn graphs_not_on_one_stream_device_are_refused() {
         let b = rec.device_buffer::<f32>(gpu, 4)?;
         rec.op().on(gpu).mutates(&[&b]).run(|_| Ok(()))
     });
-    assert!(m.contains("1 planned buffers (host or device memory"), "{m}");
+    assert!(
+        m.contains("1 planned buffers (host or device memory"),
+        "{m}"
+    );
     let m = refused(&|_| Ok(()));
     assert!(m.contains("no ops"), "{m}");
     // Uncaptured, the same graphs are fine.
