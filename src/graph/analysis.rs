@@ -238,7 +238,7 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
         succ_start: dag.succ_start.clone().into_boxed_slice(),
         succ: dag.succ.clone().into_boxed_slice(),
         roots: dag.roots.clone().into_boxed_slice(),
-        device_arenas,
+        _device_arenas: device_arenas,
     };
     let mut infos = Vec::with_capacity(ops.len());
     let mut parts = Vec::with_capacity(ops.len());

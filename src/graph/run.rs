@@ -118,9 +118,8 @@ pub(crate) struct Schedule {
     pub(crate) roots: Box<[u32]>,
     /// The graph's device memory: given back, in stream order, when the
     /// runtime goes (no replay in flight, all their device work done).
-    /// Held for its drop.
-    #[allow(dead_code)]
-    pub(crate) device_arenas: crate::dep::DeviceArenas,
+    /// Held for its drop (never read: hence the underscore).
+    pub(crate) _device_arenas: crate::dep::DeviceArenas,
 }
 
 /// A recorded graph's runtime, shared by its handle and the replay in
