@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use common::{DropCount, engines, within};
-use depflow::{Engine, Error, Executor, Var};
+use depflow::{AnyVar, Engine, Error, Executor, Var};
 
 fn set(engine: &Engine, v: &Var<i64>, x: i64) -> Result<depflow::OpHandle<()>, Error> {
     let v2 = v.clone();
@@ -289,6 +289,52 @@ fn undeclared_and_conflicting_access_are_errors() {
         .unwrap()
         .wait()
         .unwrap();
+}
+
+/// Borrow tracking at every edge index: the first two mutated variables'
+/// counters are kept apart from the others', and an op on three variables
+/// may mutate two or three of them.
+#[test]
+fn every_mutated_variable_of_a_wide_op_is_borrow_checked() {
+    let engine = Engine::builder().threads(1).build().unwrap();
+    let vars: Vec<Var<i64>> = (0..4).map(|i| engine.var(i)).collect();
+    for writes in [1, 2, 3] {
+        let (w, r): (Vec<&dyn AnyVar>, Vec<&dyn AnyVar>) = (
+            vars[..writes].iter().map(|v| v as &dyn AnyVar).collect(),
+            vars[writes..3].iter().map(|v| v as &dyn AnyVar).collect(),
+        );
+        let keys: Vec<_> = vars.iter().map(Var::key).collect();
+        engine
+            .push(&r, &w, move |ctx| {
+                // All mutable borrows at once: no two share a counter.
+                let mut held = Vec::new();
+                for &k in &keys[..writes] {
+                    held.push(ctx.write(k)?);
+                }
+                for (&k, v) in keys.iter().zip(&mut held) {
+                    assert!(matches!(ctx.write(k), Err(Error::Borrowed(_))));
+                    assert!(matches!(ctx.read(k), Err(Error::Borrowed(_))));
+                    **v += 10;
+                }
+                drop(held);
+                for (i, &k) in keys[..3].iter().enumerate() {
+                    let (r1, r2) = (ctx.read(k)?, ctx.read(k)?);
+                    assert_eq!(*r1, *r2);
+                    if i < writes {
+                        assert!(matches!(ctx.write(k), Err(Error::Borrowed(_))));
+                    } else {
+                        assert!(matches!(ctx.write(k), Err(Error::NotMutable(_))));
+                    }
+                }
+                assert!(matches!(ctx.read(keys[3]), Err(Error::NotDeclared(_))));
+                Ok(())
+            })
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let values: Vec<i64> = vars.iter().map(|v| get(&engine, v).unwrap()).collect();
+    assert_eq!(values, [30, 21, 12, 3]);
 }
 
 #[test]

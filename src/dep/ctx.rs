@@ -17,7 +17,6 @@ use std::task::Waker;
 
 use super::block::{OpBlock, OpEdge};
 use super::var::{VarKey, VarState};
-use crate::core::few::Few;
 use crate::device::Stream;
 use crate::error::{Error, VarId};
 use crate::resource::Held;
@@ -118,7 +117,7 @@ pub struct OpCtx {
     edges: *const [OpEdge],
     /// One borrow counter per mutated variable, at the index of its edge
     /// (writes come first among the op's edges); reads need none.
-    borrows: Few<AtomicI32>,
+    borrows: Borrows,
     /// For a leased context (an async body's).
     lease: Option<Lease>,
     /// The op's stream on a stream device (null elsewhere); it outlives the
@@ -149,17 +148,59 @@ unsafe impl Send for OpCtx {}
 // SAFETY: as above.
 unsafe impl Sync for OpCtx {}
 
-/// A counter per mutated variable of `op` (and, for an op on one or two
-/// variables, per read too: they fit inline anyway, and counting the writes
-/// would cost more than the counters).
-#[inline]
-fn borrows(op: &OpBlock) -> Few<AtomicI32> {
-    let edges = op.edges();
-    let n = match edges.len() {
-        n @ 0..=2 => n,
-        _ => edges.iter().take_while(|e| e.is_write()).count(),
-    };
-    Few::from_fn(n, |_| AtomicI32::new(0))
+/// The borrow counters of an op's mutated variables, by edge index: the
+/// first two inline (most ops mutate one or two variables; an op on one or
+/// two variables counts its reads too, which costs nothing), the others in
+/// a `Vec`, empty (unallocated) for most ops. Not a `Few` (a three-way
+/// match per access) and made without counting the writes: every body
+/// pays for both (19 to 28 instructions per replayed op of
+/// `benches/workloads.rs`, callgrind).
+struct Borrows {
+    first: [AtomicI32; 2],
+    rest: Vec<AtomicI32>,
+}
+
+impl Borrows {
+    /// Counters for `op`: one per mutated variable, at least two.
+    #[inline]
+    fn of(op: &OpBlock) -> Self {
+        let edges = op.edges();
+        Self {
+            first: [AtomicI32::new(0), AtomicI32::new(0)],
+            // Writes come first: a third one is at edge 2.
+            rest: match edges.get(2) {
+                Some(third) if third.is_write() => Self::rest(edges),
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    /// The counters past the first two, for an op mutating more than two
+    /// variables (rare: out of line).
+    #[cold]
+    #[inline(never)]
+    fn rest(edges: &[OpEdge]) -> Vec<AtomicI32> {
+        let writes = edges.iter().take_while(|e| e.is_write()).count();
+        (2..writes).map(|_| AtomicI32::new(0)).collect()
+    }
+
+    /// The counter of the mutated variable at edge `i`.
+    #[inline(always)]
+    fn at(&self, i: usize) -> &AtomicI32 {
+        match i {
+            0 | 1 => &self.first[i],
+            _ => &self.rest[i - 2],
+        }
+    }
+
+    /// Sets every counter back to 0 (no borrow).
+    #[inline]
+    fn clear(&self) {
+        self.first
+            .iter()
+            .chain(&self.rest)
+            .for_each(|c| c.store(0, Ordering::Relaxed));
+    }
 }
 
 impl OpCtx {
@@ -169,7 +210,7 @@ impl OpCtx {
         Self {
             op,
             edges: op.edges(),
-            borrows: borrows(op),
+            borrows: Borrows::of(op),
             lease: None,
             stream: env.stream.map_or(std::ptr::null(), |s| s),
             engine: env.engine,
@@ -185,7 +226,7 @@ impl OpCtx {
         Self {
             op,
             edges: op.edges(),
-            borrows: borrows(op),
+            borrows: Borrows::of(op),
             lease: None,
             stream: std::ptr::null(),
             engine,
@@ -197,9 +238,7 @@ impl OpCtx {
     /// forgot (`mem::forget` of a guard) is undone.
     #[inline]
     pub(crate) fn lend(&self) -> &Self {
-        for c in self.borrows.iter() {
-            c.store(0, Ordering::Relaxed);
-        }
+        self.borrows.clear();
         self
     }
 
@@ -212,7 +251,7 @@ impl OpCtx {
         Self {
             op,
             edges: op.edges(),
-            borrows: borrows(op),
+            borrows: Borrows::of(op),
             lease: Some(Lease {
                 anchor,
                 dropped: env.lease_dropped,
@@ -311,7 +350,7 @@ impl OpCtx {
         let key = var.into();
         let (i, edge) = self.find(key)?;
         let count = if edge.is_write() {
-            let count = &self.borrows[i];
+            let count = self.borrows.at(i);
             count
                 .fetch_update(Ordering::Acquire, Ordering::Relaxed, |c| {
                     (c != MUT).then_some(c + 1)
@@ -395,7 +434,7 @@ impl OpCtx {
     /// The borrow counter of the op's mutated variable at edge `i`.
     #[inline]
     pub(super) fn borrow_counter(&self, i: usize) -> &AtomicI32 {
-        &self.borrows[i]
+        self.borrows.at(i)
     }
 
     /// Borrows the variable `key` names exclusively: the op declared it as
@@ -406,7 +445,7 @@ impl OpCtx {
         if !edge.is_write() {
             return Err(Error::NotMutable(key.id()));
         }
-        let count = &self.borrows[i];
+        let count = self.borrows.at(i);
         count
             .compare_exchange(0, MUT, Ordering::Acquire, Ordering::Relaxed)
             .map_err(|_| Error::Borrowed(key.id()))?;
@@ -440,7 +479,20 @@ impl OpCtx {
 }
 
 impl Drop for OpCtx {
+    #[inline]
     fn drop(&mut self) {
+        // Most contexts have neither: the test stays inline, the work not.
+        if !self.index.get_mut().is_null() || self.lease.is_some() {
+            self.release();
+        }
+    }
+}
+
+impl OpCtx {
+    /// Frees the index and ends the lease, for [`Drop`].
+    #[cold]
+    #[inline(never)]
+    fn release(&mut self) {
         let index = *self.index.get_mut();
         if !index.is_null() {
             // SAFETY: a non-null index came from `Box::into_raw` in
