@@ -262,7 +262,7 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
 /// without enqueuing anything.
 fn enqueue<B: Body, H: Host>(
     op: &OpBlock,
-    body: Pin<&mut B>,
+    mut body: Pin<&mut B>,
     host: &H,
     cx: &mut Context<'_>,
 ) -> Result<Stage<B::Output>, Error> {
@@ -277,12 +277,14 @@ fn enqueue<B: Body, H: Host>(
             parents,
         ))
     });
-    let (fence, parents) = prepared.map_err(|m| {
+    let Ok((fence, parents)) = prepared else {
         // Nothing of this op's was enqueued: it fails like a host op.
+        let Err(m) = prepared else { unreachable!() };
+        discard_body(op, body, host);
         let failure = op.failure(FailureKind::Device(m));
         finish(op, Outcome::Failed(failure.clone()), host);
-        Error::Failed(failure)
-    })?;
+        return Err(Error::Failed(failure));
+    };
     let stream = Stream::new(device.backend.clone(), lane, fence.clone());
     let env = Env {
         stream: Some(&stream),
@@ -291,11 +293,15 @@ fn enqueue<B: Body, H: Host>(
     };
     #[cfg(debug_assertions)]
     let started = std::time::Instant::now();
-    let outcome = match run_body(op, body, &env, cx) {
+    let outcome = match run_body(op, body.as_mut(), &env, cx) {
         Poll::Ready(Ok(value)) => Ok(value),
         Poll::Ready(Err(kind)) => Err(op.failure(kind)),
         Poll::Pending => unreachable!("a stream op's body is synchronous"),
     };
+    // What the body holds goes now, before the op can complete, as a host
+    // op's does: whoever awaits the op finds it dropped (a captured
+    // graph's launch holds the graph).
+    discard_body(op, body, host);
     #[cfg(debug_assertions)]
     warn_if_long(op, started.elapsed());
     let deferred = stream.take_deferred();

@@ -121,48 +121,46 @@ pub(crate) fn capturing<H: Host>(runtime: &Runtime<H>, planned: usize) -> Result
     })
 }
 
-/// The body of a captured graph's launch op (see the module docs).
-pub(crate) struct CapturedBody<H: Host> {
-    runtime: Arc<Runtime<H>>,
-    capturing: Arc<Capturing>,
-}
+/// The body of a captured graph's launch op (see the module docs): the
+/// graph, until the launch is enqueued (`discard`: the graph may go with
+/// its handle once every launch op ended).
+pub(crate) struct CapturedBody<H: Host>(Option<(Arc<Runtime<H>>, Arc<Capturing>)>);
 
 impl<H: Host> CapturedBody<H> {
     pub(crate) fn new(runtime: Arc<Runtime<H>>, capturing: Arc<Capturing>) -> Self {
-        Self { runtime, capturing }
+        Self(Some((runtime, capturing)))
     }
+}
 
-    /// Captures the graph on `stream`'s lane: every recorded body, in
-    /// recorded order.
-    fn capture(&self, env: &Env<'_>) -> Result<Arc<CapturedGraph>, String> {
-        let stream = env.stream.expect("a launch op runs on a stream device");
-        let capture = stream.begin_capture()?;
-        self.capturing.captures.fetch_add(1, Relaxed);
-        let captured = Env {
-            stream: Some(&capture),
-            engine: env.engine,
-            lease_dropped: env.lease_dropped,
-        };
-        let failed = self
-            .runtime
-            .steps()
-            .iter()
-            .enumerate()
-            .find_map(|(i, step)| {
-                let op = step.resident.block();
-                run_captured(op, &step.body, &captured).err().map(|why| {
-                    let name = op
-                        .failure_name()
-                        .map_or_else(|| format!("op {i}"), |n| format!("op `{n}` ({i})"));
-                    format!("recorded {name} failed while its graph was captured: {why}")
-                })
-            });
-        let ended = capture.end_capture(failed.is_none());
-        match (failed, ended) {
-            (Some(why), _) => Err(why),
-            (None, Err(e)) => Err(format!("capturing the graph failed: {e}")),
-            (None, Ok(graph)) => Ok(graph.expect("kept")),
-        }
+/// Captures the graph on `stream`'s lane: every recorded body of
+/// `runtime`, in recorded order.
+fn capture<H: Host>(
+    runtime: &Runtime<H>,
+    capturing: &Capturing,
+    env: &Env<'_>,
+) -> Result<Arc<CapturedGraph>, String> {
+    let stream = env.stream.expect("a launch op runs on a stream device");
+    let capture = stream.begin_capture()?;
+    capturing.captures.fetch_add(1, Relaxed);
+    let captured = Env {
+        stream: Some(&capture),
+        engine: env.engine,
+        lease_dropped: env.lease_dropped,
+    };
+    let failed = runtime.steps().iter().enumerate().find_map(|(i, step)| {
+        let op = step.resident.block();
+        run_captured(op, &step.body, &captured).err().map(|why| {
+            let name = op
+                .failure_name()
+                .map_or_else(|| format!("op {i}"), |n| format!("op `{n}` ({i})"));
+            format!("recorded {name} failed while its graph was captured: {why}")
+        })
+    });
+    let ended = capture.end_capture(failed.is_none());
+    match (failed, ended) {
+        (Some(why), _) => Err(why),
+        (None, Err(e)) => Err(format!("capturing the graph failed: {e}")),
+        (None, Ok(graph)) => Ok(graph.expect("kept")),
     }
 }
 
@@ -178,12 +176,12 @@ impl<H: Host> Body for CapturedBody<H> {
         env: &Env<'_>,
         _cx: &mut Context<'_>,
     ) -> Poll<Result<Option<Error>, BoxError>> {
-        let this = self.get_mut();
+        let (runtime, capturing) = self.get_mut().0.as_ref().expect("launch ran once");
         // Held through the capture and the launch: launches of one graph
         // capture once and enqueue one at a time.
-        let mut slot = this.capturing.graph.lock();
+        let mut slot = capturing.graph.lock();
         if slot.is_none() {
-            match this.capture(env) {
+            match capture(runtime, capturing, env) {
                 Ok(graph) => *slot = Some(graph),
                 Err(why) => return Poll::Ready(Err(why.into())),
             }
@@ -196,5 +194,7 @@ impl<H: Host> Body for CapturedBody<H> {
         })
     }
 
-    fn discard(self: Pin<&mut Self>) {}
+    fn discard(self: Pin<&mut Self>) {
+        self.get_mut().0 = None;
+    }
 }
