@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::streams::{failed, gated_store, poisoned, read_on_host, run_in_child, update};
+use common::streams::{failed, gated_store, host_fn, poisoned, read_on_host, run_in_child, update};
 use common::{Mem, gate, gpu_engine, within};
 use depflow::stream::SimMemory;
 use depflow::{Engine, Error, Executor, Lane, Var};
@@ -127,15 +127,12 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
                 .on(gpu)
                 .lane(lane)
                 .reads(&[&v])
-                .run(move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        if lane == Lane::Compute(0) {
-                            shut.pass();
-                        }
-                        done.fetch_add(1, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                .run(host_fn(move || {
+                    if lane == Lane::Compute(0) {
+                        shut.pass();
+                    }
+                    done.fetch_add(1, SeqCst);
+                }))
                 .unwrap();
         }
         let (seen_tx, seen) = mpsc::channel();
@@ -146,12 +143,9 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
             .mutates(&[&v])
             .run({
                 let done = reads_done.clone();
-                move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        seen_tx.send(done.load(SeqCst)).unwrap();
-                        Ok(())
-                    })?)
-                }
+                host_fn(move || {
+                    seen_tx.send(done.load(SeqCst)).unwrap();
+                })
             })
             .unwrap();
         // And a host write after them too.
@@ -261,13 +255,10 @@ fn delete_and_waits_cover_device_work() {
             .mutates(&[&v])
             .run({
                 let done = work_done.clone();
-                move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        shut.pass();
-                        done.store(true, SeqCst);
-                        Ok(())
-                    })?)
-                }
+                host_fn(move || {
+                    shut.pass();
+                    done.store(true, SeqCst);
+                })
             })
             .unwrap();
         let all = std::thread::spawn({
@@ -494,13 +485,10 @@ fn dropping_an_engine_with_a_dead_device_and_a_hung_stream_returns() {
             .on(gpu)
             .lane(Lane::Compute(1))
             .mutates(&[&w])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    started_tx.send(()).unwrap();
-                    shut.pass();
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                started_tx.send(()).unwrap();
+                shut.pass();
+            }))
             .unwrap();
         // The stream is inside the function when the device dies.
         started.recv_timeout(Duration::from_secs(30)).unwrap();
@@ -561,14 +549,11 @@ fn host_functions_of_different_streams_run_one_at_a_time() {
             .on(gpu)
             .lane(Lane::Compute(0))
             .mutates(&[&a])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    started_tx.send(()).unwrap();
-                    let concurrent = other_ran.recv_timeout(Duration::from_millis(300)).is_ok();
-                    seen_tx.send(concurrent).unwrap();
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                started_tx.send(()).unwrap();
+                let concurrent = other_ran.recv_timeout(Duration::from_millis(300)).is_ok();
+                seen_tx.send(concurrent).unwrap();
+            }))
             .unwrap();
         started.recv_timeout(Duration::from_secs(30)).unwrap();
         let other = engine
@@ -576,12 +561,9 @@ fn host_functions_of_different_streams_run_one_at_a_time() {
             .on(gpu)
             .lane(Lane::Compute(1))
             .mutates(&[&b])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    let _ = other_tx.send(());
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                let _ = other_tx.send(());
+            }))
             .unwrap();
         assert!(
             !seen.recv().unwrap(),
@@ -610,12 +592,9 @@ fn a_blocking_wait_in_a_host_function_is_refused() {
             .op()
             .on(gpu)
             .mutates(&[&b])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    got_tx.send(pending.wait()).unwrap();
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                got_tx.send(pending.wait()).unwrap();
+            }))
             .unwrap();
         let got = got.recv_timeout(Duration::from_secs(10));
         open.send(()).unwrap();
@@ -711,14 +690,11 @@ fn resource_units_stay_taken_until_the_device_work_is_done() {
                 .lane(Lane::Compute(handles.len() as u8))
                 .mutates(&[var])
                 .uses(&memory, 1)
-                .run(move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        assert_eq!(running.fetch_add(1, SeqCst), 0, "two ops hold the unit");
-                        std::thread::sleep(Duration::from_millis(5));
-                        running.fetch_sub(1, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                .run(host_fn(move || {
+                    assert_eq!(running.fetch_add(1, SeqCst), 0, "two ops hold the unit");
+                    std::thread::sleep(Duration::from_millis(5));
+                    running.fetch_sub(1, SeqCst);
+                }))
                 .unwrap();
             handles.push(h);
         }

@@ -68,6 +68,19 @@ fn enqueue(
     }
 }
 
+/// An op body that enqueues `work` on the op's stream as a host function
+/// (one-shot device work, `Stream::enqueue`).
+pub fn host_fn(
+    work: impl FnOnce() + Send + 'static,
+) -> impl FnOnce(&OpCtx) -> Result<(), BoxError> + Send + 'static {
+    move |ctx| {
+        Ok(ctx.stream()?.enqueue(move || {
+            work();
+            Ok(())
+        })?)
+    }
+}
+
 /// Pushes an op on `lane` of `gpu` whose device work waits for `shut`,
 /// then stores `value` in `v`.
 pub fn gated_store(
