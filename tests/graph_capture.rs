@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use common::streams::{
-    check_replay_orders_with_pushed_ops, failed, gated_store, poisoned, read_on_host, update,
-    update_repeatable,
+    check_replay_orders_with_pushed_ops, failed, gated_store, poisoned, read_on_host, store_from,
+    update, update_repeatable,
 };
 use common::{Mem, gate, gpu_engine, within};
 use depflow::{BoxError, Device, Engine, Error, Executor, Graph, Lane, OpCtx, Var};
@@ -71,22 +71,14 @@ fn program(
                 rec.capture();
             }
             let t = rec.var(Mem::default());
-            let (xk, yk, tk) = (x.key(), y.key(), t.key());
-            let r = runs.clone();
+            let (yk, tk) = (y.key(), t.key());
             rec.op()
                 .name("t")
                 .on(gpu)
                 .lane(Lane::Compute(0))
                 .reads(&[x])
                 .mutates(&[&t])
-                .run(move |ctx| {
-                    r.bump();
-                    let (x, t) = (ctx.read(xk)?.clone(), ctx.write(tk)?.clone());
-                    Ok(ctx.stream()?.enqueue_repeatable(move || {
-                        t.store(x.load(SeqCst) * 3 + 1, SeqCst);
-                        Ok(())
-                    })?)
-                })?;
+                .run(runs.counting(store_from(x, &t, true, |x| x * 3 + 1)))?;
             let r = runs.clone();
             rec.op()
                 .name("y")

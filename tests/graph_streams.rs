@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::streams::{check_replay_orders_with_pushed_ops, failed, poisoned, update};
+use common::streams::{check_replay_orders_with_pushed_ops, failed, poisoned, store_from, update};
 use common::{Mem, gate, gpu_engine, within};
 use depflow::{Engine, Error, Executor, Lane, Var};
 
@@ -187,13 +187,7 @@ fn a_device_failure_poisons_skips_and_fails_the_replay_which_stays_usable() {
                         .lane(consumer_lane)
                         .reads(&[&v])
                         .mutates(&[&t])
-                        .run(move |ctx| {
-                            let (v, t) = (ctx.read(vk)?.clone(), ctx.write(tk)?.clone());
-                            Ok(ctx.stream()?.enqueue(move || {
-                                t.store(v.load(SeqCst) + 1, SeqCst);
-                                Ok(())
-                            })?)
-                        })?;
+                        .run(store_from(&v, &t, false, |v| v + 1))?;
                     rec.op()
                         .name("host")
                         .reads(&[&t])

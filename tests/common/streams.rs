@@ -54,6 +54,26 @@ fn updating(
     }
 }
 
+/// An op body for an op that reads `x` and mutates `y`: its device work
+/// stores `f(x)` in `y`, one-shot or `repeatable` (as for [`update`] and
+/// [`update_repeatable`]).
+pub fn store_from(
+    x: &Var<Mem>,
+    y: &Var<Mem>,
+    repeatable: bool,
+    f: impl Fn(u64) -> u64 + Send + Sync + 'static,
+) -> impl Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static {
+    let (xk, yk, f) = (x.key(), y.key(), Arc::new(f));
+    move |ctx| {
+        let (x, y, f) = (ctx.read(xk)?.clone(), ctx.write(yk)?.clone(), f.clone());
+        let work = move || {
+            y.store(f(x.load(SeqCst)), SeqCst);
+            Ok(())
+        };
+        Ok(enqueue(ctx.stream()?, repeatable, work)?)
+    }
+}
+
 /// Enqueues `work` on `stream`: repeatable (as a captured graph needs) or
 /// one-shot.
 fn enqueue(
@@ -126,7 +146,7 @@ pub fn poisoned<T: Debug>(got: Result<T, Error>) -> Arc<OpFailure> {
 pub fn check_replay_orders_with_pushed_ops(captured: bool) {
     let (engine, gpu) = gpu_engine(2);
     let (x, y) = (engine.var(Mem::default()), engine.var(Mem::default()));
-    let (xk, yk) = (x.key(), y.key());
+    let yk = y.key();
     let graph = engine
         .record(|rec| {
             if captured {
@@ -137,14 +157,7 @@ pub fn check_replay_orders_with_pushed_ops(captured: bool) {
                 .lane(Lane::Compute(1))
                 .reads(&[&x])
                 .mutates(&[&y])
-                .run(move |ctx| {
-                    let (x, y) = (ctx.read(xk)?.clone(), ctx.write(yk)?.clone());
-                    let work = move || {
-                        y.store(x.load(SeqCst) * 10 + 5, SeqCst);
-                        Ok(())
-                    };
-                    Ok(enqueue(ctx.stream()?, captured, work)?)
-                })
+                .run(store_from(&x, &y, captured, |x| x * 10 + 5))
         })
         .unwrap();
     for round in 1..=3u64 {
