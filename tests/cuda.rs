@@ -24,15 +24,16 @@ mod common;
 #[path = "../examples/gpu/nvrtc.rs"]
 mod nvrtc;
 
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::within;
+use common::streams::{failed, poisoned, run_in_child};
+use common::{gate, within};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
-use depflow::{BoxError, Engine, Error, Executor, Lane, Var};
+use depflow::{BoxError, Engine, Error, Executor, Lane, OpCtx, Var};
 
 const KERNELS: &str = r#"
 extern "C" __global__ void store(unsigned int* x, unsigned int v) { x[0] = v; }
@@ -109,6 +110,16 @@ fn gpu(test: &str) -> Option<Gpu> {
     })
 }
 
+/// Runs `test` (named `name`) within `secs` seconds, on the GPU, or skips
+/// it (see [`gpu`]).
+fn on_gpu(name: &'static str, secs: u64, test: impl FnOnce(Gpu) + Send + 'static) {
+    within(secs, move || {
+        if let Some(g) = gpu(name) {
+            test(g);
+        }
+    });
+}
+
 /// Reports a skipped test where the user sees it (the harness captures
 /// `eprintln!`, not writes to the stream), or fails it if a GPU is required.
 fn skip<T>(test: &str, why: &str) -> Option<T> {
@@ -161,19 +172,28 @@ impl Gpu {
     }
 }
 
-/// A gate a host function blocks on until the test opens it.
-#[derive(Clone)]
-struct Gate(Arc<Mutex<mpsc::Receiver<()>>>);
-
-impl Gate {
-    fn pass(&self) {
-        let _ = self.0.lock().unwrap().recv();
+/// Launches `kernel` (one thread) on the op's CUDA stream with the
+/// arguments `x` and, where given, `v`.
+///
+/// # Safety
+///
+/// `kernel` takes `(unsigned int* x)`, or `(unsigned int* x, unsigned int
+/// v)` where `v` is given, and touches no element past `x`'s.
+unsafe fn launch_on(
+    ctx: &OpCtx,
+    kernel: &CudaFunction,
+    x: &mut CudaSlice<u32>,
+    v: Option<u32>,
+) -> Result<(), BoxError> {
+    let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+    let mut launch = stream.launch_builder(kernel);
+    launch.arg(x);
+    if let Some(v) = &v {
+        launch.arg(v);
     }
-}
-
-fn gate() -> (mpsc::Sender<()>, Gate) {
-    let (tx, rx) = mpsc::channel();
-    (tx, Gate(Arc::new(Mutex::new(rx))))
+    // SAFETY: the arguments match `kernel`, as the caller promises.
+    unsafe { launch.launch(ONE) }?;
+    Ok(())
 }
 
 #[test]
@@ -188,10 +208,7 @@ const CROSS_LANE: &str = "a_consumer_on_another_lane_waits_for_its_producer_on_t
 
 #[test]
 fn a_consumer_on_another_lane_waits_for_its_producer_on_the_device() {
-    within(120, || {
-        let Some(g) = gpu(CROSS_LANE) else {
-            return;
-        };
+    on_gpu(CROSS_LANE, 120, |g| {
         let x = g.zeros(2);
         let (open, shut) = gate();
         // The producer: its lane first blocks on the gate, then x[0] = 1.
@@ -208,13 +225,9 @@ fn a_consumer_on_another_lane_waits_for_its_producer_on_the_device() {
                     shut.pass();
                     Ok(())
                 })?;
-                let stream = s.cuda().expect("a CUDA stream");
                 let mut x = ctx.write(xk)?;
-                let mut launch = stream.launch_builder(&store);
-                launch.arg(&mut *x).arg(&1u32);
-                // SAFETY: the arguments match `store`; x has 2 elements.
-                unsafe { launch.launch(ONE) }?;
-                Ok::<_, BoxError>(())
+                // SAFETY: `store` takes (x, v); x has 2 elements.
+                unsafe { launch_on(ctx, &store, &mut x, Some(1)) }
             })
             .unwrap();
         // The consumer, on another lane: x[1] = x[0] * 10 + 2, which is 12
@@ -228,12 +241,9 @@ fn a_consumer_on_another_lane_waits_for_its_producer_on_the_device() {
             .lane(Lane::Compute(1))
             .mutates(&[&x])
             .run(move |ctx| {
-                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
                 let mut x = ctx.write(xk)?;
-                let mut launch = stream.launch_builder(&consume);
-                launch.arg(&mut *x);
-                // SAFETY: the argument matches `consume`; x has 2 elements.
-                unsafe { launch.launch(ONE) }?;
+                // SAFETY: `consume` takes (x); x has 2 elements.
+                unsafe { launch_on(ctx, &consume, &mut x, None) }?;
                 enqueued_tx.send(()).unwrap();
                 Ok::<_, BoxError>(())
             })
@@ -254,11 +264,8 @@ fn a_consumer_on_another_lane_waits_for_its_producer_on_the_device() {
 
 #[test]
 fn kernels_alternating_lanes_and_a_copy_back_keep_program_order() {
-    within(120, || {
-        let name = "kernels_alternating_lanes_and_a_copy_back_keep_program_order";
-        let Some(g) = gpu(name) else {
-            return;
-        };
+    let name = "kernels_alternating_lanes_and_a_copy_back_keep_program_order";
+    on_gpu(name, 120, |g| {
         let counter = g.zeros(2);
         const N: u32 = 1000;
         for i in 0..N {
@@ -269,13 +276,9 @@ fn kernels_alternating_lanes_and_a_copy_back_keep_program_order() {
                 .lane(Lane::Compute((i % 2) as u8))
                 .mutates(&[&counter])
                 .run(move |ctx| {
-                    let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
                     let mut x = ctx.write(c)?;
-                    let mut launch = stream.launch_builder(&f);
-                    launch.arg(&mut *x).arg(&i);
-                    // SAFETY: the arguments match `bump`; x has 2 elements.
-                    unsafe { launch.launch(ONE) }?;
-                    Ok::<_, BoxError>(())
+                    // SAFETY: `bump` takes (x, expect); x has 2 elements.
+                    unsafe { launch_on(ctx, &f, &mut x, Some(i)) }
                 })
                 .unwrap();
         }
@@ -291,11 +294,7 @@ fn kernels_alternating_lanes_and_a_copy_back_keep_program_order() {
 
 #[test]
 fn a_host_function_error_fails_the_op_and_poisons() {
-    within(60, || {
-        let name = "a_host_function_error_fails_the_op_and_poisons";
-        let Some(g) = gpu(name) else {
-            return;
-        };
+    on_gpu("a_host_function_error_fails_the_op_and_poisons", 60, |g| {
         let v = g.engine.new_var();
         let failing = g
             .engine
@@ -306,10 +305,8 @@ fn a_host_function_error_fails_the_op_and_poisons() {
             .run(|ctx| Ok(ctx.stream()?.enqueue(|| Err("bad".to_string()))?))
             .unwrap();
         assert!(matches!(failing.wait(), Err(Error::Failed(_))));
-        match g.engine.wait_for_var(&v).wait() {
-            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("host fn")),
-            other => panic!("{other:?}"),
-        }
+        let cause = poisoned(g.engine.wait_for_var(&v).wait());
+        assert_eq!(cause.op_name(), Some("host fn"));
         let _ = g.engine.wait_all().wait();
     });
 }
@@ -320,19 +317,9 @@ fn a_host_function_error_fails_the_op_and_poisons() {
 #[cfg(debug_assertions)]
 #[test]
 fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([CROSS_LANE, "--exact", "--test-threads=1"])
-        .env("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains("running 1 test"), "{text}");
+    let (passed, text) = run_in_child(CROSS_LANE, &[], &[("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")]);
     assert!(!text.contains("DEPFLOW_REQUIRE_GPU=1, but"), "{text}");
-    if out.status.success() && text.contains("SKIPPED") {
+    if passed && text.contains("SKIPPED") {
         // The child printed why; say it here too.
         let _ = skip::<()>(
             "the_cross_lane_test_fails_without_the_cross_lane_wait",
@@ -340,7 +327,7 @@ fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
         );
         return;
     }
-    assert!(!out.status.success(), "passed without the wait:\n{text}");
+    assert!(!passed, "passed without the wait:\n{text}");
     assert!(
         text.contains("the consumer ran first"),
         "failed for another reason:\n{text}"
@@ -357,10 +344,7 @@ const TRAP: &str = "a_trapping_kernel_kills_the_device";
 #[test]
 #[ignore]
 fn a_trapping_kernel_kills_the_device() {
-    within(60, || {
-        let Some(g) = gpu(TRAP) else {
-            return;
-        };
+    on_gpu(TRAP, 60, |g| {
         let v = g.engine.new_var();
         let trap = g.trap.clone();
         let trapped = g
@@ -377,10 +361,7 @@ fn a_trapping_kernel_kills_the_device() {
                 Ok::<_, BoxError>(())
             })
             .unwrap();
-        let original = match trapped.wait() {
-            Err(Error::Failed(f)) => f.to_string(),
-            other => panic!("{other:?}"),
-        };
+        let original = failed(trapped.wait()).to_string();
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let w = g.engine.new_var();
         let later = g
@@ -396,12 +377,7 @@ fn a_trapping_kernel_kills_the_device() {
                 }
             })
             .unwrap();
-        match later.wait() {
-            Err(Error::Failed(f)) => {
-                eprintln!("trap: {original}; later: {f}");
-            }
-            other => panic!("{other:?}"),
-        }
+        eprintln!("trap: {original}; later: {}", failed(later.wait()));
         assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
         drop((v, w));
         drop(g.engine);
@@ -410,23 +386,8 @@ fn a_trapping_kernel_kills_the_device() {
 
 #[test]
 fn a_trapping_kernel_kills_the_device_in_a_child_process() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            TRAP,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains("running 1 test"), "{text}");
-    assert!(out.status.success(), "{text}");
+    let (passed, text) = run_in_child(TRAP, &["--ignored", "--nocapture"], &[]);
+    assert!(passed, "{text}");
     if text.contains("SKIPPED") {
         let _ = skip::<()>(
             "a_trapping_kernel_kills_the_device_in_a_child_process",
@@ -442,11 +403,8 @@ fn a_trapping_kernel_kills_the_device_in_a_child_process() {
 #[test]
 fn a_captured_graph_runs_its_bodies_once_and_launches_per_replay() {
     use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-    within(120, || {
-        let name = "a_captured_graph_runs_its_bodies_once_and_launches_per_replay";
-        let Some(g) = gpu(name) else {
-            return;
-        };
+    let name = "a_captured_graph_runs_its_bodies_once_and_launches_per_replay";
+    on_gpu(name, 120, |g| {
         let x = g.zeros(2);
         let (bodies, host_fns) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
         let graph = g
@@ -463,12 +421,9 @@ fn a_captured_graph_runs_its_bodies_once_and_launches_per_replay() {
                         b.fetch_add(1, SeqCst);
                         let s = ctx.stream()?;
                         assert!(s.is_capturing());
-                        let stream = s.cuda().expect("a CUDA stream").clone();
                         let mut x = ctx.write(xk)?;
-                        let mut launch = stream.launch_builder(&inc);
-                        launch.arg(&mut *x);
-                        // SAFETY: the argument matches `inc`; x has 2 elements.
-                        unsafe { launch.launch(ONE) }?;
+                        // SAFETY: `inc` takes (x); x has 2 elements.
+                        unsafe { launch_on(ctx, &inc, &mut x, None) }?;
                         let h = h.clone();
                         s.enqueue_repeatable(move || {
                             h.fetch_add(1, SeqCst);
@@ -483,13 +438,9 @@ fn a_captured_graph_runs_its_bodies_once_and_launches_per_replay() {
                     .mutates(&[&x])
                     .run(move |ctx| {
                         b.fetch_add(1, SeqCst);
-                        let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
                         let mut x = ctx.write(xk)?;
-                        let mut launch = stream.launch_builder(&consume);
-                        launch.arg(&mut *x);
-                        // SAFETY: the argument matches `consume`; x has 2 elements.
-                        unsafe { launch.launch(ONE) }?;
-                        Ok::<_, BoxError>(())
+                        // SAFETY: `consume` takes (x); x has 2 elements.
+                        unsafe { launch_on(ctx, &consume, &mut x, None) }
                     })
             })
             .unwrap();
@@ -521,10 +472,8 @@ fn a_captured_graph_runs_its_bodies_once_and_launches_per_replay() {
 /// arena given back (`cuMemFreeAsync`) once when the graph goes.
 #[test]
 fn a_graph_s_device_buffers_share_one_arena_of_device_memory() {
-    within(120, || {
-        let Some(g) = gpu("a_graph_s_device_buffers_share_one_arena_of_device_memory") else {
-            return;
-        };
+    let name = "a_graph_s_device_buffers_share_one_arena_of_device_memory";
+    on_gpu(name, 120, |g| {
         let pinned = |n: usize| {
             // SAFETY: written at once, below.
             let mut p = unsafe { g.ctx.alloc_pinned_with_flags::<u32>(n, 0) }.unwrap();

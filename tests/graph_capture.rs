@@ -10,15 +10,12 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
+use common::streams::{
+    check_replay_orders_with_pushed_ops, failed, gated_store, poisoned, read_on_host, store_from,
+    update, update_repeatable,
+};
 use common::{Mem, gate, gpu_engine, within};
-use depflow::{Device, Engine, Error, Executor, Graph, Lane, Var};
-
-/// `v`'s value, read by a pushed host op (after the device work on it).
-fn read_on_host(engine: &Engine, v: &Var<Mem>) -> u64 {
-    let k = v.key();
-    let got = engine.push(&[v], &[], move |ctx| Ok(ctx.read(k)?.load(SeqCst)));
-    got.unwrap().wait().unwrap()
-}
+use depflow::{BoxError, Device, Engine, Error, Executor, Graph, Lane, OpCtx, Var};
 
 /// How many captured graphs' launches the device ran.
 fn launches(engine: &Engine, gpu: Device) -> u64 {
@@ -43,6 +40,18 @@ impl Runs {
     fn get(&self) -> u64 {
         self.0.load(SeqCst)
     }
+
+    /// `body`, counting its runs.
+    fn counting(
+        &self,
+        body: impl Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> impl Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static {
+        let runs = self.clone();
+        move |ctx| {
+            runs.bump();
+            body(ctx)
+        }
+    }
 }
 
 /// Records a program on `gpu` over `x` (input), `y` (output) and an
@@ -62,22 +71,14 @@ fn program(
                 rec.capture();
             }
             let t = rec.var(Mem::default());
-            let (xk, yk, tk) = (x.key(), y.key(), t.key());
-            let r = runs.clone();
+            let (yk, tk) = (y.key(), t.key());
             rec.op()
                 .name("t")
                 .on(gpu)
                 .lane(Lane::Compute(0))
                 .reads(&[x])
                 .mutates(&[&t])
-                .run(move |ctx| {
-                    r.bump();
-                    let (x, t) = (ctx.read(xk)?.clone(), ctx.write(tk)?.clone());
-                    Ok(ctx.stream()?.enqueue_repeatable(move || {
-                        t.store(x.load(SeqCst) * 3 + 1, SeqCst);
-                        Ok(())
-                    })?)
-                })?;
+                .run(runs.counting(store_from(x, &t, true, |x| x * 3 + 1)))?;
             let r = runs.clone();
             rec.op()
                 .name("y")
@@ -93,20 +94,14 @@ fn program(
                         Ok(())
                     })?)
                 })?;
-            let r = runs.clone();
             rec.op()
                 .name("x")
                 .on(gpu)
                 .lane(Lane::HostToDevice)
                 .mutates(&[x])
-                .run(move |ctx| {
-                    r.bump();
-                    let x = ctx.write(xk)?.clone();
-                    Ok(ctx.stream()?.enqueue_repeatable(move || {
-                        x.fetch_add(2, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                .run(runs.counting(update_repeatable(x, |x| {
+                    x.fetch_add(2, SeqCst);
+                })))
         })
         .unwrap()
 }
@@ -123,18 +118,13 @@ fn captured_replays_give_the_values_of_uncaptured_ones() {
             let mut values = Vec::new();
             for round in 0..4u64 {
                 // A pushed op between replays changes the input.
-                let xk = x.key();
                 engine
                     .op()
                     .on(gpu)
                     .mutates(&[&x])
-                    .run(move |ctx| {
-                        let x = ctx.write(xk)?.clone();
-                        Ok(ctx.stream()?.enqueue(move || {
-                            x.fetch_add(round * 5, SeqCst);
-                            Ok(())
-                        })?)
-                    })
+                    .run(update(&x, move |x| {
+                        x.fetch_add(round * 5, SeqCst);
+                    }))
                     .unwrap();
                 graph.replay().wait().unwrap();
                 values.push((read_on_host(&engine, &x), read_on_host(&engine, &y)));
@@ -178,72 +168,7 @@ fn bodies_run_once_and_each_replay_is_one_launch() {
 
 #[test]
 fn a_captured_replay_orders_with_pushed_ops_before_and_after() {
-    within(60, || {
-        let (engine, gpu) = gpu_engine(2);
-        let (x, y) = (engine.var(Mem::default()), engine.var(Mem::default()));
-        let graph = engine
-            .record(|rec| {
-                rec.capture();
-                let (xk, yk) = (x.key(), y.key());
-                rec.op()
-                    .on(gpu)
-                    .lane(Lane::Compute(1))
-                    .reads(&[&x])
-                    .mutates(&[&y])
-                    .run(move |ctx| {
-                        let (x, y) = (ctx.read(xk)?.clone(), ctx.write(yk)?.clone());
-                        Ok(ctx.stream()?.enqueue_repeatable(move || {
-                            y.store(x.load(SeqCst) * 10 + 5, SeqCst);
-                            Ok(())
-                        })?)
-                    })
-            })
-            .unwrap();
-        for round in 1..=3u64 {
-            let (open, shut) = gate();
-            // Pushed before, on another lane: device work on x, held at the gate.
-            let xk = x.key();
-            let producer = engine
-                .op()
-                .on(gpu)
-                .lane(Lane::Compute(0))
-                .mutates(&[&x])
-                .run(move |ctx| {
-                    let x = ctx.write(xk)?.clone();
-                    Ok(ctx.stream()?.enqueue(move || {
-                        shut.pass();
-                        x.store(round, SeqCst);
-                        Ok(())
-                    })?)
-                })
-                .unwrap();
-            let replay = graph.replay();
-            // Pushed after: device work on y on a third lane, and a host op.
-            let yk = y.key();
-            let consumer = engine
-                .op()
-                .on(gpu)
-                .lane(Lane::HostToDevice)
-                .mutates(&[&y])
-                .run(move |ctx| {
-                    let y = ctx.write(yk)?.clone();
-                    Ok(ctx.stream()?.enqueue(move || {
-                        y.store(y.load(SeqCst) * 10 + 7, SeqCst);
-                        Ok(())
-                    })?)
-                })
-                .unwrap();
-            let on_host = engine
-                .push(&[&y], &[], move |ctx| Ok(ctx.read(yk)?.load(SeqCst)))
-                .unwrap();
-            open.send(()).unwrap();
-            producer.wait().unwrap();
-            replay.wait().unwrap();
-            consumer.wait().unwrap();
-            assert_eq!(on_host.wait().unwrap(), (round * 10 + 5) * 10 + 7);
-        }
-        assert_eq!(graph.captures(), 1);
-    });
+    within(60, || check_replay_orders_with_pushed_ops(true));
 }
 
 #[test]
@@ -255,35 +180,14 @@ fn two_replays_in_flight_capture_once_and_run_in_order() {
         let graph = engine
             .record(|rec| {
                 rec.capture();
-                let k = m.key();
-                let r = runs.clone();
-                rec.op().on(gpu).mutates(&[&m]).run(move |ctx| {
-                    r.bump();
-                    let m = ctx.write(k)?.clone();
-                    Ok(ctx.stream()?.enqueue_repeatable(move || {
-                        m.store(m.load(SeqCst) * 10 + 1, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                let body = update_repeatable(&m, |m| m.store(m.load(SeqCst) * 10 + 1, SeqCst));
+                rec.op().on(gpu).mutates(&[&m]).run(runs.counting(body))
             })
             .unwrap();
         // Held behind a pushed op so that both replays wait at once, then
         // pushed from two threads.
         let (open, shut) = gate();
-        let k = m.key();
-        engine
-            .op()
-            .on(gpu)
-            .mutates(&[&m])
-            .run(move |ctx| {
-                let m = ctx.write(k)?.clone();
-                Ok(ctx.stream()?.enqueue(move || {
-                    shut.pass();
-                    m.store(2, SeqCst);
-                    Ok(())
-                })?)
-            })
-            .unwrap();
+        gated_store(&engine, gpu, Lane::default(), &m, shut, 2);
         let replays: Vec<_> = (0..2)
             .map(|_| {
                 let graph = graph.clone();
@@ -330,22 +234,14 @@ fn a_failed_launch_poisons_and_the_next_replay_works() {
             .unwrap();
         graph.replay().wait().unwrap();
         fail.store(true, SeqCst);
-        match graph.replay().wait() {
-            Err(Error::Failed(f)) => {
-                assert_eq!(f.op_name(), Some("replay g"));
-                assert!(f.message().contains("illegal address"), "{f:?}");
-            }
-            other => panic!("{other:?}"),
-        }
-        match engine.wait_for_var(&y).wait() {
-            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("replay g")),
-            other => panic!("{other:?}"),
-        }
+        let f = failed(graph.replay().wait());
+        assert_eq!(f.op_name(), Some("replay g"));
+        assert!(f.message().contains("illegal address"), "{f:?}");
+        let cause = poisoned(engine.wait_for_var(&y).wait());
+        assert_eq!(cause.op_name(), Some("replay g"));
         // A poisoned input skips the whole launch.
-        match graph.replay().wait() {
-            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("replay g")),
-            other => panic!("{other:?}"),
-        }
+        let cause = poisoned(graph.replay().wait());
+        assert_eq!(cause.op_name(), Some("replay g"));
         fail.store(false, SeqCst);
         engine.clear_poison(&y).unwrap();
         graph.replay().wait().unwrap();
@@ -368,8 +264,10 @@ fn a_body_error_at_capture_fails_the_replay_and_the_next_one_captures_again() {
         let graph = engine
             .record(|rec| {
                 rec.capture();
-                let k = m.key();
                 let refuse = refuse.clone();
+                let body = update_repeatable(&m, |m| {
+                    m.fetch_add(1, SeqCst);
+                });
                 rec.op()
                     .name("kernel")
                     .on(gpu)
@@ -378,21 +276,13 @@ fn a_body_error_at_capture_fails_the_replay_and_the_next_one_captures_again() {
                         if refuse.load(SeqCst) {
                             return Err("no".into());
                         }
-                        let m = ctx.write(k)?.clone();
-                        Ok(ctx.stream()?.enqueue_repeatable(move || {
-                            m.fetch_add(1, SeqCst);
-                            Ok(())
-                        })?)
+                        body(ctx)
                     })
             })
             .unwrap();
-        match graph.replay().wait() {
-            Err(Error::Failed(f)) => {
-                assert!(f.message().contains("op `kernel` (0)"), "{f:?}");
-                assert!(f.message().contains("captured: no"), "{f:?}");
-            }
-            other => panic!("{other:?}"),
-        }
+        let f = failed(graph.replay().wait());
+        assert!(f.message().contains("op `kernel` (0)"), "{f:?}");
+        assert!(f.message().contains("captured: no"), "{f:?}");
         assert!(!graph.is_captured());
         assert!(matches!(
             engine.wait_for_var(&m).wait(),
@@ -417,22 +307,14 @@ fn one_shot_work_is_refused_while_capturing() {
         let graph = engine
             .record(|rec| {
                 rec.capture();
-                let k = m.key();
-                rec.op().on(gpu).mutates(&[&m]).run(move |ctx| {
-                    let m = ctx.write(k)?.clone();
-                    Ok(ctx.stream()?.enqueue(move || {
-                        m.fetch_add(1, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                // One-shot work (`Stream::enqueue`): refused under capture.
+                rec.op().on(gpu).mutates(&[&m]).run(update(&m, |m| {
+                    m.fetch_add(1, SeqCst);
+                }))
             })
             .unwrap();
-        match graph.replay().wait() {
-            Err(Error::Failed(f)) => {
-                assert!(f.message().contains("enqueue_repeatable"), "{f:?}")
-            }
-            other => panic!("{other:?}"),
-        }
+        let f = failed(graph.replay().wait());
+        assert!(f.message().contains("enqueue_repeatable"), "{f:?}");
         assert!(!graph.is_captured());
     });
 }

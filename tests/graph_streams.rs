@@ -10,15 +10,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::streams::{check_replay_orders_with_pushed_ops, failed, poisoned, store_from, update};
 use common::{Mem, gate, gpu_engine, within};
 use depflow::{Engine, Error, Executor, Lane, Var};
-
-/// `v`'s value, read by a pushed host op (after the device work on it).
-fn read_on_host(engine: &Engine, v: &Var<Mem>) -> u64 {
-    let k = v.key();
-    let got = engine.push(&[v], &[], move |ctx| Ok(ctx.read(k)?.load(SeqCst)));
-    got.unwrap().wait().unwrap()
-}
 
 /// Records on `gpu`: `m = m * 10 + digit` as device work on `lane`.
 fn record_digit(
@@ -29,20 +23,15 @@ fn record_digit(
     m: &Var<Mem>,
     digit: u64,
 ) -> Result<(), Error> {
-    let k = m.key();
     rec.op()
         .name(format!("digit {digit}"))
         .on(gpu)
         .lane(lane)
         .reads(reads)
         .mutates(&[m])
-        .run(move |ctx| {
-            let m = ctx.write(k)?.clone();
-            Ok(ctx.stream()?.enqueue(move || {
-                m.store(m.load(SeqCst) * 10 + digit, SeqCst);
-                Ok(())
-            })?)
-        })
+        .run(update(m, move |m| {
+            m.store(m.load(SeqCst) * 10 + digit, SeqCst)
+        }))
 }
 
 #[test]
@@ -102,15 +91,10 @@ fn device_successors_are_enqueued_before_their_predecessor_finishes_and_host_one
                     .on(gpu)
                     .lane(Lane::Compute(0))
                     .mutates(&[&m])
-                    .run(move |ctx| {
-                        let m = ctx.write(k)?.clone();
-                        let shut = shut.clone();
-                        Ok(ctx.stream()?.enqueue(move || {
-                            shut.pass();
-                            m.store(1, SeqCst);
-                            Ok(())
-                        })?)
-                    })?;
+                    .run(update(&m, move |m| {
+                        shut.pass();
+                        m.store(1, SeqCst);
+                    }))?;
                 for (lane, name, digit) in [
                     (Lane::Compute(0), "same", 2),
                     (Lane::Compute(1), "other", 3),
@@ -165,69 +149,7 @@ fn device_successors_are_enqueued_before_their_predecessor_finishes_and_host_one
 
 #[test]
 fn a_replay_orders_with_pushed_device_and_host_ops_before_and_after() {
-    within(60, || {
-        let (engine, gpu) = gpu_engine(2);
-        let (x, y) = (engine.var(Mem::default()), engine.var(Mem::default()));
-        let graph = engine
-            .record(|rec| {
-                // y = x * 10 + 5 on the device, on another lane than the
-                // pushed producer's.
-                let (xk, yk) = (x.key(), y.key());
-                rec.op()
-                    .on(gpu)
-                    .lane(Lane::Compute(1))
-                    .reads(&[&x])
-                    .mutates(&[&y])
-                    .run(move |ctx| {
-                        let (x, y) = (ctx.read(xk)?.clone(), ctx.write(yk)?.clone());
-                        Ok(ctx.stream()?.enqueue(move || {
-                            y.store(x.load(SeqCst) * 10 + 5, SeqCst);
-                            Ok(())
-                        })?)
-                    })
-            })
-            .unwrap();
-        for round in 1..=3u64 {
-            let (open, shut) = gate();
-            // Pushed before: device work on x, held at the gate.
-            let xk = x.key();
-            let producer = engine
-                .op()
-                .on(gpu)
-                .lane(Lane::Compute(0))
-                .mutates(&[&x])
-                .run(move |ctx| {
-                    let x = ctx.write(xk)?.clone();
-                    Ok(ctx.stream()?.enqueue(move || {
-                        shut.pass();
-                        x.store(round, SeqCst);
-                        Ok(())
-                    })?)
-                })
-                .unwrap();
-            let replay = graph.replay();
-            // Pushed after: device work on y, on a third lane.
-            let yk = y.key();
-            let consumer = engine
-                .op()
-                .on(gpu)
-                .lane(Lane::HostToDevice)
-                .mutates(&[&y])
-                .run(move |ctx| {
-                    let y = ctx.write(yk)?.clone();
-                    Ok(ctx.stream()?.enqueue(move || {
-                        y.store(y.load(SeqCst) * 10 + 7, SeqCst);
-                        Ok(())
-                    })?)
-                })
-                .unwrap();
-            open.send(()).unwrap();
-            producer.wait().unwrap();
-            replay.wait().unwrap();
-            consumer.wait().unwrap();
-            assert_eq!(read_on_host(&engine, &y), (round * 10 + 5) * 10 + 7);
-        }
-    });
+    within(60, || check_replay_orders_with_pushed_ops(false));
 }
 
 #[test]
@@ -265,13 +187,7 @@ fn a_device_failure_poisons_skips_and_fails_the_replay_which_stays_usable() {
                         .lane(consumer_lane)
                         .reads(&[&v])
                         .mutates(&[&t])
-                        .run(move |ctx| {
-                            let (v, t) = (ctx.read(vk)?.clone(), ctx.write(tk)?.clone());
-                            Ok(ctx.stream()?.enqueue(move || {
-                                t.store(v.load(SeqCst) + 1, SeqCst);
-                                Ok(())
-                            })?)
-                        })?;
+                        .run(store_from(&v, &t, false, |v| v + 1))?;
                     rec.op()
                         .name("host")
                         .reads(&[&t])
@@ -282,22 +198,15 @@ fn a_device_failure_poisons_skips_and_fails_the_replay_which_stays_usable() {
                         })
                 })
                 .unwrap();
-            match graph.replay().wait() {
-                Err(Error::Failed(f)) => {
-                    assert_eq!(f.op_name(), Some("kernel"));
-                    assert!(f.to_string().contains("illegal address"), "{f}");
-                }
-                other => panic!("{consumer_lane:?}: {other:?}"),
-            }
-            for poisoned in [engine.wait_for_var(&h).wait()] {
-                match poisoned {
-                    Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
-                    other => panic!("{consumer_lane:?}: {other:?}"),
-                }
-            }
-            match engine.wait_for_var(&v).wait() {
-                Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
-                other => panic!("{consumer_lane:?}: {other:?}"),
+            let f = failed(graph.replay().wait());
+            assert_eq!(f.op_name(), Some("kernel"), "{consumer_lane:?}");
+            assert!(f.to_string().contains("illegal address"), "{f}");
+            for got in [
+                engine.wait_for_var(&h).wait(),
+                engine.wait_for_var(&v).wait(),
+            ] {
+                let cause = poisoned(got);
+                assert_eq!(cause.op_name(), Some("kernel"), "{consumer_lane:?}");
             }
             // Reported once: the skipped ops' poison is not a new failure.
             assert!(matches!(
@@ -329,10 +238,7 @@ fn a_body_error_on_a_device_fails_the_replay() {
             })
             .unwrap();
         for _ in 0..2 {
-            match graph.replay().wait() {
-                Err(Error::Failed(f)) => assert_eq!(f.op_name(), Some("refuses")),
-                other => panic!("{other:?}"),
-            }
+            assert_eq!(failed(graph.replay().wait()).op_name(), Some("refuses"));
             engine.clear_poison(&v).unwrap();
         }
     });
@@ -347,16 +253,10 @@ fn shutdown_waits_for_a_replays_device_work() {
         let (open, shut) = gate();
         let graph = engine
             .record(|rec| {
-                let k = m.key();
-                rec.op().on(gpu).mutates(&[&m]).run(move |ctx| {
-                    let m = ctx.write(k)?.clone();
-                    let shut = shut.clone();
-                    Ok(ctx.stream()?.enqueue(move || {
-                        shut.pass();
-                        m.store(9, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                rec.op().on(gpu).mutates(&[&m]).run(update(&m, move |m| {
+                    shut.pass();
+                    m.store(9, SeqCst);
+                }))
             })
             .unwrap();
         let replay = graph.replay();
@@ -580,15 +480,11 @@ fn a_recorded_host_op_is_skipped_on_an_input_a_pushed_device_op_failed_to_write(
             .unwrap();
         // The replay only reads v: the failure stays in v's fence, which a
         // pushed host op reading v would see.
-        match graph.replay().wait() {
-            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
-            other => panic!("{other:?}"),
-        }
+        let cause = poisoned(graph.replay().wait());
+        assert_eq!(cause.op_name(), Some("kernel"));
         assert!(failing.wait().is_err());
-        match engine.wait_for_var(&out).wait() {
-            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
-            other => panic!("{other:?}"),
-        }
+        let cause = poisoned(engine.wait_for_var(&out).wait());
+        assert_eq!(cause.op_name(), Some("kernel"));
     });
 }
 
@@ -612,13 +508,9 @@ fn traced_and_tracked_replays_of_device_ops_with_units() {
                     .on(gpu)
                     .mutates(&[&a])
                     .uses(&slots, 1)
-                    .run(move |ctx| {
-                        let a = ctx.write(ak)?.clone();
-                        Ok(ctx.stream()?.enqueue(move || {
-                            a.fetch_add(1, SeqCst);
-                            Ok(())
-                        })?)
-                    })?;
+                    .run(update(&a, |a| {
+                        a.fetch_add(1, SeqCst);
+                    }))?;
                 rec.op()
                     .reads(&[&a])
                     .mutates(&[&b])

@@ -10,43 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{Gate, Mem, gate, gpu_engine, within};
+use common::streams::{failed, gated_store, host_fn, poisoned, read_on_host, run_in_child, update};
+use common::{Mem, gate, gpu_engine, within};
 use depflow::stream::SimMemory;
-use depflow::{Engine, Error, Executor, Lane, OpHandle, Var};
-
-/// Pushes an op on `lane` of `gpu` whose device work waits for `shut`,
-/// then stores `value` in `v`.
-fn gated_store(
-    engine: &Engine,
-    gpu: depflow::Device,
-    lane: Lane,
-    v: &Var<Mem>,
-    shut: Gate,
-    value: u64,
-) -> OpHandle<()> {
-    let k = v.key();
-    engine
-        .op()
-        .on(gpu)
-        .lane(lane)
-        .mutates(&[v])
-        .run(move |ctx| {
-            let m = ctx.write(k)?.clone();
-            Ok(ctx.stream()?.enqueue(move || {
-                shut.pass();
-                m.store(value, SeqCst);
-                Ok(())
-            })?)
-        })
-        .unwrap()
-}
-
-/// `v`'s value, read by a host op (after the device work on it).
-fn read_on_host(engine: &Engine, v: &Var<Mem>) -> u64 {
-    let k = v.key();
-    let got = engine.push(&[v], &[], move |ctx| Ok(ctx.read(k)?.load(SeqCst)));
-    got.unwrap().wait().unwrap()
-}
+use depflow::{Engine, Error, Executor, Lane, Var};
 
 #[test]
 fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
@@ -103,19 +70,12 @@ fn a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes() {
 #[cfg(debug_assertions)]
 #[test]
 fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
-    let name = "a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes";
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--test-threads=1"])
-        .env("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (passed, text) = run_in_child(
+        "a_consumer_on_another_lane_is_enqueued_before_its_producer_finishes",
+        &[],
+        &[("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")],
     );
-    assert!(text.contains("running 1 test"), "{text}");
-    assert!(!out.status.success(), "passed without the wait:\n{text}");
+    assert!(!passed, "passed without the wait:\n{text}");
     assert!(
         text.contains("the consumer's work ran while the producer's was held")
             || text.contains("left: 2"),
@@ -167,15 +127,12 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
                 .on(gpu)
                 .lane(lane)
                 .reads(&[&v])
-                .run(move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        if lane == Lane::Compute(0) {
-                            shut.pass();
-                        }
-                        done.fetch_add(1, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                .run(host_fn(move || {
+                    if lane == Lane::Compute(0) {
+                        shut.pass();
+                    }
+                    done.fetch_add(1, SeqCst);
+                }))
                 .unwrap();
         }
         let (seen_tx, seen) = mpsc::channel();
@@ -186,12 +143,9 @@ fn a_write_after_device_reads_on_other_lanes_waits_for_them() {
             .mutates(&[&v])
             .run({
                 let done = reads_done.clone();
-                move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        seen_tx.send(done.load(SeqCst)).unwrap();
-                        Ok(())
-                    })?)
-                }
+                host_fn(move || {
+                    seen_tx.send(done.load(SeqCst)).unwrap();
+                })
             })
             .unwrap();
         // And a host write after them too.
@@ -243,26 +197,17 @@ fn device_failures_poison_in_program_order() {
             .run(|ctx| Ok(ctx.stream()?.enqueue(|| Ok(()))?))
             .unwrap();
         open.send(()).unwrap();
-        match failing.wait() {
-            Err(Error::Failed(f)) => {
-                assert_eq!(f.op_name(), Some("kernel"));
-                assert!(
-                    f.to_string().contains("device error: illegal address"),
-                    "{f}"
-                );
-            }
-            other => panic!("{other:?}"),
-        }
+        let f = failed(failing.wait());
+        assert_eq!(f.op_name(), Some("kernel"));
+        assert!(
+            f.to_string().contains("device error: illegal address"),
+            "{f}"
+        );
         // Enqueued behind the failure: poisoned by it, and passes it on.
-        match consumer.wait() {
-            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(poisoned(consumer.wait()).op_name(), Some("kernel"));
         for var in [&v, &out] {
-            match engine.wait_for_var(var).wait() {
-                Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("kernel")),
-                other => panic!("{other:?}"),
-            }
+            let cause = poisoned(engine.wait_for_var(var).wait());
+            assert_eq!(cause.op_name(), Some("kernel"));
         }
         // Reported once by wait_all: the consumer's is not a new failure.
         assert!(matches!(
@@ -291,10 +236,8 @@ fn body_errors_and_panics_fail_the_op() {
             .on(gpu)
             .mutates(&[&v])
             .run(|ctx| Ok(ctx.stream()?.enqueue(|| panic!("in the host function"))?));
-        match panicking.unwrap().wait() {
-            Err(Error::Failed(f)) => assert!(f.to_string().contains("in the host function"), "{f}"),
-            other => panic!("{other:?}"),
-        }
+        let f = failed(panicking.unwrap().wait());
+        assert!(f.to_string().contains("in the host function"), "{f}");
         let _ = engine.wait_all().wait();
     });
 }
@@ -312,13 +255,10 @@ fn delete_and_waits_cover_device_work() {
             .mutates(&[&v])
             .run({
                 let done = work_done.clone();
-                move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        shut.pass();
-                        done.store(true, SeqCst);
-                        Ok(())
-                    })?)
-                }
+                host_fn(move || {
+                    shut.pass();
+                    done.store(true, SeqCst);
+                })
             })
             .unwrap();
         let all = std::thread::spawn({
@@ -393,12 +333,8 @@ fn an_error_reported_with_an_event_fails_the_op_once_the_lanes_work_is_over() {
             "the memory was freed under the device"
         );
         open.send(()).unwrap();
-        match op.wait() {
-            Err(Error::Failed(f)) => {
-                assert!(f.to_string().contains("an earlier launch failed"), "{f}")
-            }
-            other => panic!("{other:?}"),
-        }
+        let f = failed(op.wait());
+        assert!(f.to_string().contains("an earlier launch failed"), "{f}");
         delete.wait().unwrap();
         assert!(freed.recv().unwrap(), "freed before the device work");
     });
@@ -442,6 +378,26 @@ fn a_blocking_body_does_not_delay_other_ops_completions() {
     });
 }
 
+/// Pushes the ops `ops` on `v`, on compute lanes 0 and 1 by turns (op `i`
+/// on lane `i % 2`), op `i`'s device work `work(i, memory)`.
+fn push_on_alternate_lanes(
+    engine: &Engine,
+    gpu: depflow::Device,
+    v: &Var<Mem>,
+    ops: std::ops::Range<u64>,
+    work: fn(u64, &AtomicU64),
+) {
+    for i in ops {
+        engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute((i % 2) as u8))
+            .mutates(&[v])
+            .run(update(v, move |m| work(i, m)))
+            .unwrap();
+    }
+}
+
 /// A device reuses the events of finished ops: over 10,000 ops, about as
 /// many events as were ever in flight at once, not one per op.
 #[test]
@@ -450,22 +406,9 @@ fn events_are_reused() {
         let (engine, gpu) = gpu_engine(1);
         let v = engine.var(Mem::default());
         for batch in 0..100u64 {
-            for i in 0..100u64 {
-                let k = v.key();
-                engine
-                    .op()
-                    .on(gpu)
-                    .lane(Lane::Compute((i % 2) as u8))
-                    .mutates(&[&v])
-                    .run(move |ctx| {
-                        let m = ctx.write(k)?.clone();
-                        Ok(ctx.stream()?.enqueue(move || {
-                            m.fetch_add(1, SeqCst);
-                            Ok(())
-                        })?)
-                    })
-                    .unwrap();
-            }
+            push_on_alternate_lanes(&engine, gpu, &v, 0..100, |_, m| {
+                m.fetch_add(1, SeqCst);
+            });
             engine.wait_for_var(&v).wait().unwrap();
             assert_eq!(read_on_host(&engine, &v), (batch + 1) * 100);
         }
@@ -504,10 +447,8 @@ fn a_sticky_error_kills_the_device() {
             })
             .unwrap();
         for h in [trap, in_flight] {
-            match h.wait() {
-                Err(Error::Failed(f)) => assert!(f.to_string().contains("illegal address"), "{f}"),
-                other => panic!("{other:?}"),
-            }
+            let f = failed(h.wait());
+            assert!(f.to_string().contains("illegal address"), "{f}");
         }
         let ran = Arc::new(AtomicBool::new(false));
         let later = engine
@@ -522,10 +463,8 @@ fn a_sticky_error_kills_the_device() {
                 }
             })
             .unwrap();
-        match later.wait() {
-            Err(Error::Failed(f)) => assert!(f.to_string().contains("illegal address"), "{f}"),
-            other => panic!("{other:?}"),
-        }
+        let f = failed(later.wait());
+        assert!(f.to_string().contains("illegal address"), "{f}");
         assert!(!ran.load(SeqCst), "a body ran on a dead device");
         // (The held work may have been dropped unrun, with its gate.)
         let _ = open.send(());
@@ -546,13 +485,10 @@ fn dropping_an_engine_with_a_dead_device_and_a_hung_stream_returns() {
             .on(gpu)
             .lane(Lane::Compute(1))
             .mutates(&[&w])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    started_tx.send(()).unwrap();
-                    shut.pass();
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                started_tx.send(()).unwrap();
+                shut.pass();
+            }))
             .unwrap();
         // The stream is inside the function when the device dies.
         started.recv_timeout(Duration::from_secs(30)).unwrap();
@@ -613,14 +549,11 @@ fn host_functions_of_different_streams_run_one_at_a_time() {
             .on(gpu)
             .lane(Lane::Compute(0))
             .mutates(&[&a])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    started_tx.send(()).unwrap();
-                    let concurrent = other_ran.recv_timeout(Duration::from_millis(300)).is_ok();
-                    seen_tx.send(concurrent).unwrap();
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                started_tx.send(()).unwrap();
+                let concurrent = other_ran.recv_timeout(Duration::from_millis(300)).is_ok();
+                seen_tx.send(concurrent).unwrap();
+            }))
             .unwrap();
         started.recv_timeout(Duration::from_secs(30)).unwrap();
         let other = engine
@@ -628,12 +561,9 @@ fn host_functions_of_different_streams_run_one_at_a_time() {
             .on(gpu)
             .lane(Lane::Compute(1))
             .mutates(&[&b])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    let _ = other_tx.send(());
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                let _ = other_tx.send(());
+            }))
             .unwrap();
         assert!(
             !seen.recv().unwrap(),
@@ -662,12 +592,9 @@ fn a_blocking_wait_in_a_host_function_is_refused() {
             .op()
             .on(gpu)
             .mutates(&[&b])
-            .run(move |ctx| {
-                Ok(ctx.stream()?.enqueue(move || {
-                    got_tx.send(pending.wait()).unwrap();
-                    Ok(())
-                })?)
-            })
+            .run(host_fn(move || {
+                got_tx.send(pending.wait()).unwrap();
+            }))
             .unwrap();
         let got = got.recv_timeout(Duration::from_secs(10));
         open.send(()).unwrap();
@@ -734,9 +661,9 @@ fn replace_memory_under_a_reader(hand_on: bool) -> Result<u32, Error> {
 
 #[test]
 fn memory_dropped_in_a_body_is_freed_under_earlier_work() {
-    within(60, || match replace_memory_under_a_reader(false) {
-        Err(Error::Failed(f)) => assert!(f.to_string().contains("use after free"), "{f}"),
-        other => panic!("{other:?}"),
+    within(60, || {
+        let f = failed(replace_memory_under_a_reader(false));
+        assert!(f.to_string().contains("use after free"), "{f}");
     });
 }
 
@@ -763,14 +690,11 @@ fn resource_units_stay_taken_until_the_device_work_is_done() {
                 .lane(Lane::Compute(handles.len() as u8))
                 .mutates(&[var])
                 .uses(&memory, 1)
-                .run(move |ctx| {
-                    Ok(ctx.stream()?.enqueue(move || {
-                        assert_eq!(running.fetch_add(1, SeqCst), 0, "two ops hold the unit");
-                        std::thread::sleep(Duration::from_millis(5));
-                        running.fetch_sub(1, SeqCst);
-                        Ok(())
-                    })?)
-                })
+                .run(host_fn(move || {
+                    assert_eq!(running.fetch_add(1, SeqCst), 0, "two ops hold the unit");
+                    std::thread::sleep(Duration::from_millis(5));
+                    running.fetch_sub(1, SeqCst);
+                }))
                 .unwrap();
             handles.push(h);
         }
@@ -821,24 +745,9 @@ fn a_long_chain_alternating_lanes_keeps_program_order() {
     within(120, || {
         let (engine, gpu) = gpu_engine(1);
         let v = engine.var(Mem::default());
-        for i in 0..2000u64 {
-            engine
-                .op()
-                .on(gpu)
-                .lane(Lane::Compute((i % 2) as u8))
-                .mutates(&[&v])
-                .run({
-                    let v = v.key();
-                    move |ctx| {
-                        let m = ctx.write(v)?.clone();
-                        Ok(ctx.stream()?.enqueue(move || {
-                            assert_eq!(m.fetch_add(1, SeqCst), i, "out of order");
-                            Ok(())
-                        })?)
-                    }
-                })
-                .unwrap();
-        }
+        push_on_alternate_lanes(&engine, gpu, &v, 0..2000, |i, m| {
+            assert_eq!(m.fetch_add(1, SeqCst), i, "out of order")
+        });
         engine.wait_for_var(&v).wait().unwrap();
         assert_eq!(v.version(), 2000);
         assert_eq!(read_on_host(&engine, &v), 2000);
