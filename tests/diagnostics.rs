@@ -5,6 +5,7 @@ mod common;
 
 use std::sync::mpsc;
 
+use common::units::allocate;
 use common::within;
 use depflow::{BoxError, Cycle, Engine, Needs, OpState};
 
@@ -61,14 +62,7 @@ fn diagnostics_tell_running_queued_awaiting_and_who_holds_units() {
         engine.new_var(),
         engine.new_var(),
     );
-    engine
-        .op()
-        .mutates(&[&cache])
-        .allocates(&memory, 2, &cache)
-        .run(|_| Ok::<_, BoxError>(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &memory, 2, &cache);
 
     // "fetch" awaits a reply that comes at the end.
     let (started_tx, started) = mpsc::channel::<&'static str>();
@@ -202,14 +196,7 @@ fn a_dropped_variable_no_longer_holds_units() {
     let engine = Engine::builder().track_ops(true).build().unwrap();
     let memory = engine.new_resource("memory", 4);
     let buffer = engine.var_named("buffer", vec![0u8; 16]);
-    engine
-        .op()
-        .mutates(&[&buffer])
-        .allocates(&memory, 3, &buffer)
-        .run(|_| Ok::<_, BoxError>(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &memory, 3, &buffer);
     let id = buffer.id();
     assert_eq!(
         engine.diagnostics().resources()[0].held_by_vars(),
@@ -233,14 +220,7 @@ fn an_untracked_report_says_what_it_leaves_out() {
     let engine = Engine::new();
     let memory = engine.new_resource("memory", 1);
     let v = engine.var_named("held", ());
-    engine
-        .op()
-        .mutates(&[&v])
-        .allocates(&memory, 1, &v)
-        .run(|_| Ok::<_, BoxError>(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &memory, 1, &v);
     let report = engine.diagnostics();
     assert!(report.ops().is_none());
     assert!(report.resources()[0].held_by_vars().is_empty());

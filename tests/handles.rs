@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
+use common::units::allocate;
 use common::{DropCount, within};
 use depflow::{Engine, Error};
 use futures::FutureExt;
@@ -304,14 +305,7 @@ fn a_training_loop_behind_a_long_op_keeps_getting_its_units() {
             .unwrap();
         for _ in 0..5 {
             let buffer = engine.var(vec![0u8; 1024]);
-            engine
-                .op()
-                .mutates(&[&buffer])
-                .allocates(&mem, 1, &buffer)
-                .run(|_| Ok(()))
-                .unwrap()
-                .wait()
-                .unwrap();
+            allocate(&engine, &mem, 1, &buffer);
             drop(buffer);
         }
         tx.send(()).unwrap();

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::units::allocate;
 use common::within;
 use depflow::{Engine, Error, Executor, Lane};
 
@@ -30,14 +31,7 @@ fn parked_requests_do_not_slow_other_resources() {
         let busy = engine.new_resource("busy", 1);
         let free = engine.new_resource("free", 1);
         let holder = engine.new_var();
-        engine
-            .op()
-            .mutates(&[&holder])
-            .allocates(&busy, 1, &holder)
-            .run(|_| Ok(()))
-            .unwrap()
-            .wait()
-            .unwrap();
+        allocate(&engine, &busy, 1, &holder);
         let tags: Vec<_> = (0..N).map(|_| engine.new_var()).collect();
         for tag in &tags {
             engine

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
+use common::units::allocate;
 use common::{Rng, engines, within};
 use depflow::{Engine, Error, OpState, Resource, Var};
 
@@ -213,14 +214,7 @@ fn waiting_for_units_blocks_no_thread() {
     let engine = Engine::builder().threads(1).build().unwrap();
     let mem = engine.new_resource("mem", 2);
     let (held, x, y) = (engine.new_var(), engine.new_var(), engine.new_var());
-    engine
-        .op()
-        .mutates(&[&held])
-        .allocates(&mem, 2, &held)
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &mem, 2, &held);
     let starved = engine
         .op()
         .mutates(&[&x])
