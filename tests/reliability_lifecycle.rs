@@ -140,6 +140,15 @@ fn hold_vars(engine: &Engine, vars: &[&dyn AnyVar]) -> mpsc::Sender<()> {
     open
 }
 
+/// A variable poisoned by an op that failed with "first failure".
+fn poisoned_var(engine: &Engine) -> Var {
+    let a = engine.new_var();
+    engine
+        .push(&[], &[&a], |_| Err::<(), BoxError>("first failure".into()))
+        .unwrap();
+    a
+}
+
 /// The failures `wait_all` reported: the first, and how many.
 fn failures(outcome: Result<(), Error>) -> (Arc<depflow::OpFailure>, usize) {
     match outcome {
@@ -259,11 +268,7 @@ fn recycling_drops_do_not_recurse_on_the_inline_executor() {
 /// as usual, and `wait_all` reports the panic.
 fn skipped_sync_closure() {
     let engine = Engine::builder().threads(1).build().unwrap();
-    // Poisoned input.
-    let a = engine.var(0u32);
-    engine
-        .push(&[], &[&a], |_| Err::<(), BoxError>("first failure".into()))
-        .unwrap();
+    let a = poisoned_var(&engine);
     let bomb = Bomb("closure of an op skipped for a poisoned input");
     let skipped = engine
         .push(&[&a], &[], move |_| {
@@ -307,10 +312,7 @@ fn a_skipped_ops_closure_that_panics_when_dropped_does_not_abort() {
 /// C: the same for an async op's closure (its future never made).
 fn skipped_async_closure() {
     let engine = Engine::builder().threads(1).build().unwrap();
-    let a = engine.var(0u32);
-    engine
-        .push(&[], &[&a], |_| Err::<(), BoxError>("first failure".into()))
-        .unwrap();
+    let a = poisoned_var(&engine);
     let bomb = Bomb("async op's closure");
     let skipped = engine
         .push_async(&[&a], &[], move |_ctx| {

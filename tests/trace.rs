@@ -364,33 +364,16 @@ fn a_window_records_only_what_ran_in_it() {
         .build()
         .unwrap();
     let v = engine.new_var();
-    engine
-        .op()
-        .name("before")
-        .mutates(&[&v])
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    let run = |name| {
+        let op = engine.op().name(name).mutates(&[&v]).run(|_| Ok(()));
+        op.unwrap().wait().unwrap();
+    };
+    run("before");
     assert!(engine.trace().unwrap().ops().is_empty());
     engine.start_trace().unwrap();
-    engine
-        .op()
-        .name("inside")
-        .mutates(&[&v])
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    run("inside");
     engine.stop_trace().unwrap();
-    engine
-        .op()
-        .name("after")
-        .mutates(&[&v])
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    run("after");
     let trace = engine.trace().unwrap();
     let names: Vec<_> = trace.ops().iter().map(|o| o.name()).collect();
     assert_eq!(names, [Some("inside")]);

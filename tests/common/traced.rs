@@ -1,4 +1,5 @@
-//! Engines that record a trace.
+//! Engines that record what they run (a trace, or their ops for
+//! diagnostics), and a named op to see in what they record.
 
 use std::sync::mpsc;
 
@@ -9,6 +10,15 @@ pub fn traced_engine(threads: usize) -> Engine {
     Engine::builder()
         .threads(threads)
         .tracing(Tracing::On)
+        .build()
+        .unwrap()
+}
+
+/// An engine of `threads` workers that tracks its ops for its diagnostics.
+pub fn tracked_engine(threads: usize) -> Engine {
+    Engine::builder()
+        .threads(threads)
+        .track_ops(true)
         .build()
         .unwrap()
 }
