@@ -17,6 +17,15 @@ const HUNG: u64 = 10;
 const SHORT: Duration = Duration::from_millis(20);
 const LONG: Duration = Duration::from_secs(60);
 
+/// Checks that `err` is a timeout of a wait on the whole engine, which
+/// counted `ops` ops still in flight.
+fn assert_timed_out_with_in_flight(err: &Error, ops: usize) {
+    assert!(
+        matches!(err, Error::TimedOut { in_flight: Some(n), .. } if *n == ops),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn an_op_handle_times_out_and_stays_good() {
     within(HUNG, || {
@@ -64,16 +73,7 @@ fn wait_all_times_out_with_the_ops_in_flight() {
         }
         let mut all = engine.wait_all();
         let err = all.wait_timeout(SHORT).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::TimedOut {
-                    in_flight: Some(3),
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_timed_out_with_in_flight(&err, 3);
         assert!(err.to_string().contains("3 op(s) still in flight"), "{err}");
         release.send(()).unwrap();
         all.wait_timeout(LONG).unwrap();
@@ -113,16 +113,7 @@ fn a_shutdown_with_a_deadline_reports_instead_of_hanging() {
         let (release, _) = held_op(&engine, &v, move |_| Ok(ran.send(())?));
         let queued = engine.push(&[&v], &[], |_| Ok::<_, BoxError>(1)).unwrap();
         let err = engine.shutdown_timeout(SHORT).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::TimedOut {
-                    in_flight: Some(2),
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_timed_out_with_in_flight(&err, 2);
         // Shut down all the same: no new pushes.
         assert!(matches!(
             engine.push(&[], &[&v], |_| Ok::<_, BoxError>(())),
