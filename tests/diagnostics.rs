@@ -5,6 +5,9 @@ mod common;
 
 use std::sync::mpsc;
 
+use common::held::held_op;
+use common::traced::{held_named_op, tracked_engine};
+use common::units::allocate;
 use common::within;
 use depflow::{BoxError, Cycle, Engine, Needs, OpState};
 
@@ -18,14 +21,7 @@ fn in_flight_counts_unfinished_ops_with_or_without_a_bound() {
             .build()
             .unwrap();
         let gate = engine.var(());
-        let (open, wait) = mpsc::channel::<()>();
-        let wait = std::sync::Mutex::new(wait);
-        engine
-            .push(&[], &[&gate], move |_| -> Result<(), BoxError> {
-                wait.lock().unwrap().recv()?;
-                Ok(())
-            })
-            .unwrap();
+        let (open, _) = held_op(&engine, &gate, |_| Ok(()));
         for _ in 0..9 {
             let v = engine.new_var();
             engine
@@ -47,11 +43,7 @@ fn in_flight_counts_unfinished_ops_with_or_without_a_bound() {
 /// and a named variable hold, one waiting for a variable.
 #[test]
 fn diagnostics_tell_running_queued_awaiting_and_who_holds_units() {
-    let engine = Engine::builder()
-        .threads(2)
-        .track_ops(true)
-        .build()
-        .unwrap();
+    let engine = tracked_engine(2);
     let memory = engine.new_resource("memory", 4);
     let cache = engine.var_named("cache", ());
     let (acts, out) = (engine.var_named("activations", ()), engine.new_var());
@@ -61,14 +53,7 @@ fn diagnostics_tell_running_queued_awaiting_and_who_holds_units() {
         engine.new_var(),
         engine.new_var(),
     );
-    engine
-        .op()
-        .mutates(&[&cache])
-        .allocates(&memory, 2, &cache)
-        .run(|_| Ok::<_, BoxError>(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &memory, 2, &cache);
 
     // "fetch" awaits a reply that comes at the end.
     let (started_tx, started) = mpsc::channel::<&'static str>();
@@ -202,14 +187,7 @@ fn a_dropped_variable_no_longer_holds_units() {
     let engine = Engine::builder().track_ops(true).build().unwrap();
     let memory = engine.new_resource("memory", 4);
     let buffer = engine.var_named("buffer", vec![0u8; 16]);
-    engine
-        .op()
-        .mutates(&[&buffer])
-        .allocates(&memory, 3, &buffer)
-        .run(|_| Ok::<_, BoxError>(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &memory, 3, &buffer);
     let id = buffer.id();
     assert_eq!(
         engine.diagnostics().resources()[0].held_by_vars(),
@@ -233,14 +211,7 @@ fn an_untracked_report_says_what_it_leaves_out() {
     let engine = Engine::new();
     let memory = engine.new_resource("memory", 1);
     let v = engine.var_named("held", ());
-    engine
-        .op()
-        .mutates(&[&v])
-        .allocates(&memory, 1, &v)
-        .run(|_| Ok::<_, BoxError>(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &memory, 1, &v);
     let report = engine.diagnostics();
     assert!(report.ops().is_none());
     assert!(report.resources()[0].held_by_vars().is_empty());
@@ -273,11 +244,7 @@ fn report_when(
 /// the report (on demand, no watchdog) names the cycle.
 #[test]
 fn an_op_awaiting_an_op_that_needs_its_units_is_a_named_cycle() {
-    let engine = Engine::builder()
-        .threads(2)
-        .track_ops(true)
-        .build()
-        .unwrap();
+    let engine = tracked_engine(2);
     let memory = engine.new_resource("memory", 1);
     let (a, b) = (engine.new_var(), engine.new_var());
     let (give_up, given_up) = futures::channel::oneshot::channel::<()>();
@@ -331,20 +298,9 @@ fn an_op_awaiting_an_op_that_needs_its_units_is_a_named_cycle() {
 /// goes through the ops ahead of it to the one that holds the variable.
 #[test]
 fn a_report_chains_each_wait_to_the_op_holding_the_variable() {
-    let engine = Engine::builder()
-        .threads(2)
-        .track_ops(true)
-        .build()
-        .unwrap();
+    let engine = tracked_engine(2);
     let x = engine.var_named("x", ());
-    let (open, gate) = mpsc::channel::<()>();
-    let gate = std::sync::Mutex::new(gate);
-    engine
-        .op()
-        .name("gate")
-        .mutates(&[&x])
-        .run(move |_| -> Result<(), BoxError> { Ok(gate.lock().unwrap().recv()?) })
-        .unwrap();
+    let open = held_named_op(&engine, "gate", &x);
     let ok = |_: &depflow::OpCtx| Ok::<_, BoxError>(());
     engine.op().name("write").mutates(&[&x]).run(ok).unwrap();
     engine.op().name("read").reads(&[&x]).run(ok).unwrap();

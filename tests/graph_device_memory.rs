@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::{Mem, Rng, gate, gpu_engine, mix, within};
 use depflow::stream::DeviceSlice;
-use depflow::{DeviceBuffer, Engine, Error, Executor, Lane, Order, Var};
+use depflow::{BoxError, DeviceBuffer, Engine, Error, Executor, Graph, Lane, OpCtx, Order, Var};
 
 /// Waits (30 s at most) until `cond` holds.
 fn eventually(what: &str, cond: impl Fn() -> bool) {
@@ -94,20 +94,45 @@ fn chain(
                 .lane(Lane::Compute(0))
                 .reads(&[&bufs[3]])
                 .mutates(&[out])
-                .run({
-                    let (b, out) = (bufs[3].clone(), out.key());
-                    move |ctx| {
-                        let (b, out) = (ctx.device_buffer(&b)?, ctx.write(out)?.clone());
-                        Ok(ctx
-                            .stream()?
-                            .simulate(move || b.with(|v| out.store(v.iter().sum(), SeqCst)))?)
-                    }
-                })?;
+                .run(sum_into(&bufs[3], out))?;
             kept = bufs;
             Ok(())
         })
         .unwrap();
     (graph, kept)
+}
+
+/// The body of an op that stores the sum of `b` in `out`, on its stream.
+fn sum_into(
+    b: &DeviceBuffer<u64>,
+    out: &Var<Mem>,
+) -> impl Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static {
+    let (b, out) = (b.clone(), out.key());
+    move |ctx| {
+        let (b, out) = (ctx.device_buffer(&b)?, ctx.write(out)?.clone());
+        Ok(ctx
+            .stream()?
+            .simulate(move || b.with(|v| out.store(v.iter().sum(), SeqCst)))?)
+    }
+}
+
+/// Sets `x` to `value`, replays `graph` and returns the sum it left in `out`.
+fn replay_with<T: Send + Sync + 'static>(
+    engine: &Engine,
+    graph: &Graph,
+    x: &Var<T>,
+    value: T,
+    out: &Var<Mem>,
+) -> u64 {
+    let k = x.key();
+    engine
+        .push(&[], &[x], move |ctx| {
+            *ctx.write(k)? = value;
+            Ok(())
+        })
+        .unwrap();
+    graph.replay().wait().unwrap();
+    engine.get(out).wait().unwrap().load(SeqCst)
 }
 
 #[test]
@@ -127,17 +152,7 @@ fn a_chain_of_device_buffers_is_right_over_replays_and_shares_memory() {
         assert!(!graph.is_device_allocated(gpu));
         assert_eq!(bufs[0].arena_events(), (0, 0));
         for round in 1..=4u64 {
-            engine
-                .push(&[], &[&x], {
-                    let x = x.key();
-                    move |ctx| {
-                        *ctx.write(x)? = round;
-                        Ok(())
-                    }
-                })
-                .unwrap();
-            graph.replay().wait().unwrap();
-            let got = engine.get(&out).wait().unwrap().load(SeqCst);
+            let got = replay_with(&engine, &graph, &x, round, &out);
             assert_eq!(got, 8 * (16 * round + 120), "round {round}");
         }
         assert!(graph.is_device_allocated(gpu));
@@ -200,15 +215,11 @@ fn a_graph_dropped_while_its_kernel_runs_frees_after_it() {
                             })?)
                         }
                     })?;
-                rec.op().on(gpu).reads(&[&b]).mutates(&[&out]).run({
-                    let (b, out) = (b.clone(), out.key());
-                    move |ctx| {
-                        let (b, out) = (ctx.device_buffer(&b)?, ctx.write(out)?.clone());
-                        Ok(ctx
-                            .stream()?
-                            .simulate(move || b.with(|v| out.store(v.iter().sum(), SeqCst)))?)
-                    }
-                })?;
+                rec.op()
+                    .on(gpu)
+                    .reads(&[&b])
+                    .mutates(&[&out])
+                    .run(sum_into(&b, &out))?;
                 buf = Some(b);
                 Ok(())
             })
@@ -283,15 +294,11 @@ fn each_device_has_its_own_arena() {
                             .simulate(move || b.with_mut(|v| v.fill(mid.load(SeqCst))))?)
                     }
                 })?;
-                rec.op().on(gpu1).reads(&[&b]).mutates(&[&out]).run({
-                    let (b, out) = (b.clone(), out.key());
-                    move |ctx| {
-                        let (b, out) = (ctx.device_buffer(&b)?, ctx.write(out)?.clone());
-                        Ok(ctx
-                            .stream()?
-                            .simulate(move || b.with(|v| out.store(v.iter().sum(), SeqCst)))?)
-                    }
-                })?;
+                rec.op()
+                    .on(gpu1)
+                    .reads(&[&b])
+                    .mutates(&[&out])
+                    .run(sum_into(&b, &out))?;
                 kept = Some((a, b));
                 Ok(())
             })
@@ -301,17 +308,7 @@ fn each_device_has_its_own_arena() {
         assert_eq!(graph.device_plan(gpu0).unwrap().total_bytes, 32);
         assert_eq!(graph.device_plan(gpu1).unwrap().total_bytes, 24);
         for round in 1..=3u32 {
-            engine
-                .push(&[], &[&x], {
-                    let x = x.key();
-                    move |ctx| {
-                        *ctx.write(x)? = round;
-                        Ok(())
-                    }
-                })
-                .unwrap();
-            graph.replay().wait().unwrap();
-            let got = engine.get(&out).wait().unwrap().load(SeqCst);
+            let got = replay_with(&engine, &graph, &x, round, &out);
             assert_eq!(got, 3 * 8 * u64::from(round), "round {round}");
         }
         assert!(graph.is_device_allocated(gpu0) && graph.is_device_allocated(gpu1));

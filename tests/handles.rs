@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
+use common::held::held_op;
+use common::units::allocate;
 use common::{DropCount, within};
 use depflow::{Engine, Error};
 use futures::FutureExt;
@@ -69,8 +71,7 @@ fn a_dropped_variable_frees_its_value_when_its_last_op_completes() {
     let drops = DropCount::default();
     let x = engine.var(drops.token());
     let gate = engine.new_var();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    engine.push(&[], &[&gate], move |_| Ok(rx.recv()?)).unwrap();
+    let (tx, _) = held_op(&engine, &gate, |_| Ok(()));
     engine.push(&[&gate, &x], &[], |_| Ok(())).unwrap();
     drop(x);
     assert_eq!(drops.dropped(), 0, "an op still needs the value");
@@ -92,8 +93,7 @@ fn values_of_dropped_variables_do_not_pile_up_on_a_busy_pusher() {
     let keep = engine.new_var();
     // A long op pushed first by this thread, never finished during the loop:
     // before, nothing behind it in this thread's list was ever freed.
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    engine.push(&[], &[&keep], move |_| Ok(rx.recv()?)).unwrap();
+    let (tx, _) = held_op(&engine, &keep, |_| Ok(()));
     for i in 0..300 {
         let x = engine.var(drops.token());
         engine.push(&[], &[&x], |_| Ok(())).unwrap().wait().unwrap();
@@ -121,8 +121,7 @@ fn a_handle_is_finished_once_wait_all_returns() {
 fn a_cancelled_op_does_not_run_and_poisons_its_outputs() {
     let engine = Engine::builder().threads(2).build().unwrap();
     let (gate, out) = (engine.new_var(), engine.var(0));
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    engine.push(&[], &[&gate], move |_| Ok(rx.recv()?)).unwrap();
+    let (tx, _) = held_op(&engine, &gate, |_| Ok(()));
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
     let k = out.key();
@@ -152,8 +151,7 @@ fn a_cancelled_op_takes_no_units() {
     let engine = Engine::builder().threads(2).build().unwrap();
     let mem = engine.new_resource("mem", 1);
     let (gate, v) = (engine.new_var(), engine.new_var());
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    engine.push(&[], &[&gate], move |_| Ok(rx.recv()?)).unwrap();
+    let (tx, _) = held_op(&engine, &gate, |_| Ok(()));
     let op = engine
         .op()
         .reads(&[&gate])
@@ -298,20 +296,10 @@ fn a_training_loop_behind_a_long_op_keeps_getting_its_units() {
         let engine = Engine::builder().threads(2).build().unwrap();
         let mem = engine.new_resource("mem", 2);
         let loader = engine.new_var();
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        engine
-            .push(&[], &[&loader], move |_| Ok(rx.recv()?))
-            .unwrap();
+        let (tx, _) = held_op(&engine, &loader, |_| Ok(()));
         for _ in 0..5 {
             let buffer = engine.var(vec![0u8; 1024]);
-            engine
-                .op()
-                .mutates(&[&buffer])
-                .allocates(&mem, 1, &buffer)
-                .run(|_| Ok(()))
-                .unwrap()
-                .wait()
-                .unwrap();
+            allocate(&engine, &mem, 1, &buffer);
             drop(buffer);
         }
         tx.send(()).unwrap();

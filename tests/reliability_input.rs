@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::held::held_op;
 use common::within;
 use depflow::{AnyVar, BoxError, Engine, Error, Executor, Var, VarKey};
 use futures::FutureExt;
@@ -214,15 +215,11 @@ fn waiting_for_a_variable_still_waits_for_its_mutations() {
     within(20, || {
         let engine = Engine::builder().threads(2).build().unwrap();
         let v = engine.var(0u32);
-        let (release, gate) = mpsc::channel::<()>();
         let k = v.key();
-        engine
-            .push(&[], &[&v], move |ctx| -> Result<(), BoxError> {
-                gate.recv()?;
-                *ctx.write(k)? = 7;
-                Ok(())
-            })
-            .unwrap();
+        let (release, _) = held_op(&engine, &v, move |ctx| {
+            *ctx.write(k)? = 7;
+            Ok(())
+        });
         let mut wait = engine.wait_for_var(&v);
         assert!(matches!(
             wait.wait_timeout(Duration::from_millis(50)),
@@ -309,15 +306,22 @@ fn a_second_delete_is_still_refused_as_deleted() {
 
 // ---- item 4: when_room inside an op ----
 
+/// An engine of one worker that lets one op in flight at a time, and two
+/// variables of it.
+fn one_op_at_a_time() -> (Engine, Var, Var) {
+    let engine = Engine::builder()
+        .threads(1)
+        .max_in_flight(1)
+        .build()
+        .unwrap();
+    let (v, w) = (engine.new_var(), engine.new_var());
+    (engine, v, w)
+}
+
 #[test]
 fn when_room_inside_an_op_does_not_count_the_op_itself() {
     within(10, || {
-        let engine = Engine::builder()
-            .threads(1)
-            .max_in_flight(1)
-            .build()
-            .unwrap();
-        let (v, w) = (engine.new_var(), engine.new_var());
+        let (engine, v, w) = one_op_at_a_time();
         let e2 = engine.clone();
         let pushed = engine
             .push_async(&[], &[&v], move |_| async move {
@@ -335,12 +339,7 @@ fn when_room_inside_an_op_does_not_count_the_op_itself() {
 #[test]
 fn when_room_inside_an_op_refuses_rather_than_waits_for_itself() {
     within(10, || {
-        let engine = Engine::builder()
-            .threads(1)
-            .max_in_flight(1)
-            .build()
-            .unwrap();
-        let (v, w) = (engine.new_var(), engine.new_var());
+        let (engine, v, w) = one_op_at_a_time();
         let e2 = engine.clone();
         let (v2, w2) = (v.clone(), w.clone());
         let refused = engine

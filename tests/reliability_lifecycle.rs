@@ -9,6 +9,8 @@
 //! the child dies (a stack overflow, an abort), fails, or does not finish in
 //! time (a hang).
 
+mod common;
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use depflow::{BoxError, Engine, Error, Executor, Var};
+use depflow::{AnyVar, BoxError, Engine, Error, Executor, Var};
 
 const SCENARIO: &str = "DEPFLOW_LIFECYCLE_SCENARIO";
 const PASSED: &str = "LIFECYCLE-SCENARIO-PASSED";
@@ -125,6 +127,44 @@ fn gate() -> (mpsc::Sender<()>, impl FnOnce() + Send + 'static) {
     })
 }
 
+/// Pushes an op mutating `vars` that holds them until the returned sender
+/// sends (30 s at most).
+fn hold_vars(engine: &Engine, vars: &[&dyn AnyVar]) -> mpsc::Sender<()> {
+    let (open, shut) = gate();
+    engine
+        .push(&[], vars, move |_| {
+            shut();
+            Ok(())
+        })
+        .unwrap();
+    open
+}
+
+/// A variable poisoned by an op that failed with "first failure".
+fn poisoned_var(engine: &Engine) -> Var {
+    let a = engine.new_var();
+    engine
+        .push(&[], &[&a], |_| Err::<(), BoxError>("first failure".into()))
+        .unwrap();
+    a
+}
+
+/// The failures `wait_all` reported: the first, and how many.
+fn failures(outcome: Result<(), Error>) -> (Arc<depflow::OpFailure>, usize) {
+    match outcome {
+        Err(Error::Failures { first, count }) => (first, count),
+        other => panic!("expected failures, got {other:?}"),
+    }
+}
+
+/// Checks that an op failed because its job was dropped unrun.
+fn assert_dropped<T: std::fmt::Debug>(outcome: Result<T, Error>) {
+    match outcome {
+        Err(Error::Failed(f)) => assert!(f.to_string().contains("dropped"), "{f}"),
+        other => panic!("expected a dropped job, got {other:?}"),
+    }
+}
+
 /// `wait_all`'s report, waiting (up to 10 s) for a failure to be recorded
 /// after the ops it covers have retired (an output nobody awaits is dropped
 /// just after its op retires).
@@ -228,11 +268,7 @@ fn recycling_drops_do_not_recurse_on_the_inline_executor() {
 /// as usual, and `wait_all` reports the panic.
 fn skipped_sync_closure() {
     let engine = Engine::builder().threads(1).build().unwrap();
-    // Poisoned input.
-    let a = engine.var(0u32);
-    engine
-        .push(&[], &[&a], |_| Err::<(), BoxError>("first failure".into()))
-        .unwrap();
+    let a = poisoned_var(&engine);
     let bomb = Bomb("closure of an op skipped for a poisoned input");
     let skipped = engine
         .push(&[&a], &[], move |_| {
@@ -241,22 +277,12 @@ fn skipped_sync_closure() {
         })
         .unwrap();
     assert!(matches!(skipped.wait(), Err(Error::Poisoned(_))));
-    match engine.wait_all().wait() {
-        Err(Error::Failures { first, count }) => {
-            assert_eq!(first.message(), "first failure");
-            assert_eq!(count, 2, "the input's failure and the panic");
-        }
-        other => panic!("{other:?}"),
-    }
+    let (first, count) = failures(engine.wait_all().wait());
+    assert_eq!(first.message(), "first failure");
+    assert_eq!(count, 2, "the input's failure and the panic");
     // Cancelled: not reported itself, so the panic is the first failure.
     let b = engine.new_var();
-    let (open, shut) = gate();
-    engine
-        .push(&[], &[&b], move |_| {
-            shut();
-            Ok(())
-        })
-        .unwrap();
+    let open = hold_vars(&engine, &[&b]);
     let bomb = Bomb("closure of a cancelled op");
     let cancelled = engine
         .op()
@@ -270,16 +296,12 @@ fn skipped_sync_closure() {
     cancelled.cancel();
     open.send(()).unwrap();
     assert!(matches!(cancelled.wait(), Err(Error::Cancelled)));
-    match engine.wait_all().wait() {
-        Err(Error::Failures { first, count }) => {
-            let text = first.to_string();
-            assert!(text.contains("closure of a cancelled op"), "{text}");
-            assert_eq!(first.op_name(), Some("cancelled"));
-            assert!(first.is_panic());
-            assert_eq!(count, 1);
-        }
-        other => panic!("{other:?}"),
-    }
+    let (first, count) = failures(engine.wait_all().wait());
+    let text = first.to_string();
+    assert!(text.contains("closure of a cancelled op"), "{text}");
+    assert_eq!(first.op_name(), Some("cancelled"));
+    assert!(first.is_panic());
+    assert_eq!(count, 1);
 }
 
 #[test]
@@ -290,10 +312,7 @@ fn a_skipped_ops_closure_that_panics_when_dropped_does_not_abort() {
 /// C: the same for an async op's closure (its future never made).
 fn skipped_async_closure() {
     let engine = Engine::builder().threads(1).build().unwrap();
-    let a = engine.var(0u32);
-    engine
-        .push(&[], &[&a], |_| Err::<(), BoxError>("first failure".into()))
-        .unwrap();
+    let a = poisoned_var(&engine);
     let bomb = Bomb("async op's closure");
     let skipped = engine
         .push_async(&[&a], &[], move |_ctx| {
@@ -302,10 +321,7 @@ fn skipped_async_closure() {
         })
         .unwrap();
     assert!(matches!(skipped.wait(), Err(Error::Poisoned(_))));
-    match engine.wait_all().wait() {
-        Err(Error::Failures { count, .. }) => assert_eq!(count, 2),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(failures(engine.wait_all().wait()).1, 2);
 }
 
 #[test]
@@ -318,13 +334,7 @@ fn a_skipped_async_ops_closure_that_panics_when_dropped_does_not_abort() {
 fn detached_output() {
     let engine = Engine::builder().threads(1).build().unwrap();
     let v = engine.new_var();
-    let (open, shut) = gate();
-    engine
-        .push(&[], &[&v], move |_| {
-            shut();
-            Ok(())
-        })
-        .unwrap();
+    let open = hold_vars(&engine, &[&v]);
     let h = engine
         .push(&[&v], &[], |_| Ok(Bomb("detached output")))
         .unwrap();
@@ -374,15 +384,11 @@ fn value_freed_at_retire() {
         drop(v); // `last` holds the only reference now
         open.send(()).unwrap();
         assert!(last.wait().is_ok(), "its outcome was decided before");
-        match engine.wait_all().wait() {
-            Err(Error::Failures { first, count }) => {
-                let text = first.to_string();
-                assert!(text.contains("a variable's value"), "{text}");
-                assert_eq!(first.op_name(), Some("last on v"));
-                assert_eq!(count, 1);
-            }
-            other => panic!("{other:?}"),
-        }
+        let (first, count) = failures(engine.wait_all().wait());
+        let text = first.to_string();
+        assert!(text.contains("a variable's value"), "{text}");
+        assert_eq!(first.op_name(), Some("last on v"));
+        assert_eq!(count, 1);
         let after = engine.push(&[], &[&w], |_| Ok(7)).unwrap();
         assert_eq!(after.wait().unwrap(), 7);
     }
@@ -408,14 +414,9 @@ fn job_dropped_by_executor() {
             Ok(())
         })
         .unwrap();
-    match dropped.wait() {
-        Err(Error::Failed(f)) => assert!(f.to_string().contains("dropped"), "{f}"),
-        other => panic!("{other:?}"),
-    }
-    match engine.wait_all().wait() {
-        Err(Error::Failures { count, .. }) => assert_eq!(count, 2, "dropped, and the panic"),
-        other => panic!("{other:?}"),
-    }
+    assert_dropped(dropped.wait());
+    let (_, count) = failures(engine.wait_all().wait());
+    assert_eq!(count, 2, "dropped, and the panic");
 }
 
 #[test]
@@ -449,10 +450,7 @@ fn job_dropped_at_thread_exit() {
     })
     .join()
     .unwrap();
-    match pushed.wait() {
-        Err(Error::Failed(f)) => assert!(f.to_string().contains("dropped"), "{f}"),
-        other => panic!("{other:?}"),
-    }
+    assert_dropped(pushed.wait());
 }
 
 #[test]
@@ -479,15 +477,7 @@ fn schedule_panics() {
     let queue = engine.device("queue").unwrap();
     let vars: Vec<_> = (0..3).map(|_| engine.new_var()).collect();
     let refs: Vec<&dyn depflow::AnyVar> = vars.iter().map(|v| v as _).collect();
-    let (open, shut) = gate();
-    engine
-        .op()
-        .mutates(&refs)
-        .run(move |_| {
-            shut();
-            Ok(())
-        })
-        .unwrap();
+    let open = hold_vars(&engine, &refs);
     let mut on_queue = Vec::new();
     let mut after = Vec::new();
     for v in &vars {
@@ -500,10 +490,7 @@ fn schedule_panics() {
     drop(rx);
     open.send(()).unwrap();
     for mut h in on_queue {
-        match h.wait_timeout(Duration::from_secs(10)) {
-            Err(Error::Failed(f)) => assert!(f.to_string().contains("dropped"), "{f}"),
-            other => panic!("{other:?}"),
-        }
+        assert_dropped(h.wait_timeout(Duration::from_secs(10)));
     }
     for mut h in after {
         assert!(matches!(
@@ -511,10 +498,8 @@ fn schedule_panics() {
             Err(Error::Poisoned(_))
         ));
     }
-    match engine.wait_all().wait_timeout(Duration::from_secs(10)) {
-        Err(Error::Failures { count, .. }) => assert_eq!(count, 9),
-        other => panic!("{other:?}"),
-    }
+    let all = engine.wait_all().wait_timeout(Duration::from_secs(10));
+    assert_eq!(failures(all).1, 9);
     // The pool's worker survived.
     let fresh = engine.new_var();
     assert_eq!(
@@ -577,13 +562,7 @@ fn the_last_handle_in_a_skipped_ops_closure_does_not_hang_its_worker() {
 fn last_clone_in_detached_output() {
     let engine = Engine::builder().threads(1).build().unwrap();
     let v = engine.new_var();
-    let (open, shut) = gate();
-    engine
-        .push(&[], &[&v], move |_| {
-            shut();
-            Ok(())
-        })
-        .unwrap();
+    let open = hold_vars(&engine, &[&v]);
     let last = engine.clone();
     drop(engine.push(&[&v], &[], move |_| Ok(last)).unwrap());
     let mut later = engine.push(&[], &[&v], |_| Ok(9)).unwrap();
@@ -658,13 +637,7 @@ fn inline_custom_executor_long_chain() {
     let here = engine.device("here").unwrap();
     let v = engine.var(0u64);
     let k = v.key();
-    let (open, shut) = gate();
-    engine
-        .push(&[], &[&v], move |_| {
-            shut();
-            Ok(())
-        })
-        .unwrap();
+    let open = hold_vars(&engine, &[&v]);
     for _ in 0..N {
         drop(
             engine
@@ -699,29 +672,16 @@ fn a_custom_executor_running_jobs_inline_runs_a_long_chain() {
 fn tokio_device_gone_long_chain() {
     const N: usize = 100_000;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let engine = Engine::builder()
-        .threads(1)
-        .device("io", Executor::tokio(rt.handle().clone()))
-        .build()
-        .unwrap();
+    let (engine, io) = common::tokio_io::io_engine(rt.handle());
     drop(rt);
-    let io = engine.device("io").unwrap();
     let v = engine.new_var();
-    let (open, shut) = gate();
-    engine
-        .push(&[], &[&v], move |_| {
-            shut();
-            Ok(())
-        })
-        .unwrap();
+    let open = hold_vars(&engine, &[&v]);
     for _ in 0..N {
         drop(engine.op().on(io).mutates(&[&v]).run(|_| Ok(())).unwrap());
     }
     open.send(()).unwrap();
-    match engine.wait_all().wait_timeout(Duration::from_secs(100)) {
-        Err(Error::Failures { count, .. }) => assert_eq!(count, N, "each dropped"),
-        other => panic!("{other:?}"),
-    }
+    let all = engine.wait_all().wait_timeout(Duration::from_secs(100));
+    assert_eq!(failures(all).1, N, "each dropped");
 }
 
 #[cfg(feature = "tokio")]

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::within;
+use common::traced::{held_named_op, tracked_engine};
+use common::units::allocate;
+use common::{gate, within};
 use depflow::{Engine, Error, Executor, Lane};
 
 /// Item 16: 20,000 ops through a free 1-unit resource, while 20,000
@@ -30,14 +32,7 @@ fn parked_requests_do_not_slow_other_resources() {
         let busy = engine.new_resource("busy", 1);
         let free = engine.new_resource("free", 1);
         let holder = engine.new_var();
-        engine
-            .op()
-            .mutates(&[&holder])
-            .allocates(&busy, 1, &holder)
-            .run(|_| Ok(()))
-            .unwrap()
-            .wait()
-            .unwrap();
+        allocate(&engine, &busy, 1, &holder);
         let tags: Vec<_> = (0..N).map(|_| engine.new_var()).collect();
         for tag in &tags {
             engine
@@ -242,8 +237,7 @@ fn a_failed_allocation_replaced_before_the_failure_is_known_comes_back_once() {
         let (engine, gpu) = gpu_engine();
         let mem = engine.new_resource("mem", 4);
         let out = engine.new_var();
-        let (open, shut) = mpsc::channel::<()>();
-        let shut = Arc::new(std::sync::Mutex::new(shut));
+        let (open, shut) = gate();
         let first = engine
             .op()
             .on(gpu)
@@ -251,7 +245,7 @@ fn a_failed_allocation_replaced_before_the_failure_is_known_comes_back_once() {
             .allocates(&mem, 2, &out)
             .run(move |ctx| {
                 Ok(ctx.stream()?.enqueue(move || {
-                    let _ = shut.lock().unwrap().recv();
+                    shut.pass();
                     Err("illegal address".to_string())
                 })?)
             })
@@ -288,8 +282,7 @@ fn a_device_write_counts_in_the_version_when_handed_on() {
     within(60, || {
         let (engine, gpu) = gpu_engine();
         let v = engine.new_var();
-        let (open, shut) = mpsc::channel::<()>();
-        let shut = Arc::new(std::sync::Mutex::new(shut));
+        let (open, shut) = gate();
         let (done_tx, done) = mpsc::channel::<()>();
         let write = engine
             .op()
@@ -297,7 +290,7 @@ fn a_device_write_counts_in_the_version_when_handed_on() {
             .mutates(&[&v])
             .run(move |ctx| {
                 Ok(ctx.stream()?.enqueue(move || {
-                    let _ = shut.lock().unwrap().recv();
+                    shut.pass();
                     let _ = done_tx.send(());
                     Ok(())
                 })?)
@@ -330,23 +323,10 @@ fn a_device_write_counts_in_the_version_when_handed_on() {
 #[test]
 fn an_op_awaiting_an_older_op_while_holding_its_units_is_named_by_diagnostics() {
     within(60, || {
-        let engine = Engine::builder()
-            .threads(2)
-            .track_ops(true)
-            .build()
-            .unwrap();
+        let engine = tracked_engine(2);
         let mem = engine.new_resource("mem", 2);
         let (a, b) = (engine.new_var(), engine.new_var());
-        let (open, shut) = mpsc::channel::<()>();
-        engine
-            .op()
-            .name("gate")
-            .mutates(&[&a])
-            .run(move |_| {
-                let _ = shut.recv();
-                Ok(())
-            })
-            .unwrap();
+        let open = held_named_op(&engine, "gate", &a);
         let e = engine
             .op()
             .name("E")

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
+use common::traced::tracked_engine;
+use common::units::allocate;
 use common::{Rng, engines, within};
 use depflow::{Engine, Error, OpState, Resource, Var};
 
@@ -213,14 +215,7 @@ fn waiting_for_units_blocks_no_thread() {
     let engine = Engine::builder().threads(1).build().unwrap();
     let mem = engine.new_resource("mem", 2);
     let (held, x, y) = (engine.new_var(), engine.new_var(), engine.new_var());
-    engine
-        .op()
-        .mutates(&[&held])
-        .allocates(&mem, 2, &held)
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &mem, 2, &held);
     let starved = engine
         .op()
         .mutates(&[&x])
@@ -460,11 +455,7 @@ fn back_pressure_bounds_ops_in_flight() {
 /// A stuck engine says what it waits for.
 #[test]
 fn diagnostics_name_what_ops_wait_for() {
-    let engine = Engine::builder()
-        .threads(1)
-        .track_ops(true)
-        .build()
-        .unwrap();
+    let engine = tracked_engine(1);
     let mem = engine.new_resource("gpu memory", 4);
     let (held, x, y) = (engine.new_var(), engine.new_var(), engine.new_var());
     let ok = |_: &depflow::OpCtx| Ok(());

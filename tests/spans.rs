@@ -8,8 +8,9 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 
+use common::traced::held_named_op;
 use common::within;
 use depflow::Engine;
 use tracing::field::{Field, Visit};
@@ -142,19 +143,9 @@ fn ops_are_spans_inside_the_pushers_span() {
             .build()
             .unwrap();
         let (a, b) = (engine.new_var(), engine.new_var());
-        let (open, gate) = mpsc::channel::<()>();
-        let gate = Mutex::new(gate);
-        {
+        let open = {
             let _step = tracing::info_span!("step").entered();
-            engine
-                .op()
-                .name("produce")
-                .mutates(&[&a])
-                .run(move |_| {
-                    gate.lock().unwrap().recv().unwrap();
-                    Ok(())
-                })
-                .unwrap();
+            let open = held_named_op(&engine, "produce", &a);
             engine
                 .op()
                 .name("consume")
@@ -162,7 +153,8 @@ fn ops_are_spans_inside_the_pushers_span() {
                 .mutates(&[&b])
                 .run(|_| Ok(()))
                 .unwrap();
-        }
+            open
+        };
         open.send(()).unwrap();
         engine.wait_all().wait().unwrap();
 

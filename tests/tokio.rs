@@ -4,24 +4,29 @@
 
 #![cfg(feature = "tokio")]
 
+mod common;
+
 use std::sync::mpsc;
 use std::time::Duration;
 
-use depflow::{BoxError, Engine, Error, Executor};
+use common::held::held_op;
+use common::tokio_io::io_engine;
+use common::within;
+use depflow::{BoxError, Engine, Error, Executor, OpHandle, Var};
 
-/// Runs `f` on its own thread and returns what it returns, or fails the test
-/// if it has not returned within 10 s (instead of hanging the suite).
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("hung: did not return within 10 s")
-}
+/// How long a test may take before it counts as hung.
+const HUNG: u64 = 10;
 
 fn current_thread_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn multi_thread_runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap()
@@ -49,25 +54,35 @@ fn engines_on(handle: &tokio::runtime::Handle) -> [Engine; 2] {
     })
 }
 
+/// Pushes onto `engine`'s "rt" device an async op that awaits `first`, then
+/// adds one to `v`, and returns what `first` gave.
+fn increment_on_rt<T: Send + 'static>(
+    engine: &Engine,
+    v: &Var<u32>,
+    first: impl Future<Output = T> + Send + 'static,
+) -> OpHandle<T> {
+    let k = v.key();
+    engine
+        .op()
+        .on(engine.device("rt").unwrap())
+        .mutates(&[v])
+        .run_async(move |ctx| async move {
+            let out = first.await;
+            *ctx.write(k)? += 1;
+            Ok::<_, BoxError>(out)
+        })
+        .unwrap()
+}
+
 #[test]
 fn a_blocking_wait_inside_a_runtime_is_an_error_not_a_hang() {
-    within(|| {
+    within(HUNG, || {
         let rt = current_thread_runtime();
         for engine in engines_on(rt.handle()) {
-            let rt_device = engine.device("rt").unwrap();
             let v = engine.var(0u32);
-            let k = v.key();
             // Runs only when the current-thread runtime is driven: blocking the
             // thread that drives it could never see it finish.
-            let op = engine
-                .op()
-                .on(rt_device)
-                .mutates(&[&v])
-                .run_async(move |ctx| async move {
-                    *ctx.write(k)? += 1;
-                    Ok::<_, BoxError>(7u32)
-                })
-                .unwrap();
+            let op = increment_on_rt(&engine, &v, async { 7u32 });
             rt.block_on(async {
                 let all = engine.wait_all();
                 assert!(matches!(all.wait(), Err(Error::BlockingInRuntime)));
@@ -87,7 +102,7 @@ fn a_blocking_wait_inside_a_runtime_is_an_error_not_a_hang() {
 
 #[test]
 fn a_blocking_wait_on_finished_work_inside_a_runtime_returns_it() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.var(1u32);
         let op = engine
@@ -108,22 +123,12 @@ fn a_blocking_wait_on_finished_work_inside_a_runtime_returns_it() {
 
 #[test]
 fn dropping_the_engine_inside_a_runtime_does_not_hang() {
-    within(|| {
+    within(HUNG, || {
         let rt = current_thread_runtime();
         for engine in engines_on(rt.handle()) {
-            let rt_device = engine.device("rt").unwrap();
             let v = engine.var(0u32);
-            let k = v.key();
-            let op = engine
-                .op()
-                .on(rt_device)
-                .mutates(&[&v])
-                .run_async(move |ctx| async move {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    *ctx.write(k)? += 1;
-                    Ok::<_, BoxError>(())
-                })
-                .unwrap();
+            let sleep = async { tokio::time::sleep(Duration::from_millis(10)).await };
+            let op = increment_on_rt(&engine, &v, sleep);
             rt.block_on(async move {
                 // The op needs this very thread to drive the runtime: a drop that
                 // blocked until the op finished would never return.
@@ -137,18 +142,9 @@ fn dropping_the_engine_inside_a_runtime_does_not_hang() {
 
 #[test]
 fn async_ops_on_a_tokio_device_use_its_timers_and_files() {
-    within(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let engine = Engine::builder()
-            .threads(1)
-            .device("io", Executor::tokio(rt.handle().clone()))
-            .build()
-            .unwrap();
-        let io = engine.device("io").unwrap();
+    within(HUNG, || {
+        let rt = multi_thread_runtime(2);
+        let (engine, io) = io_engine(rt.handle());
         let dir = std::env::temp_dir().join(format!("depflow-tokio-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("data.txt");
@@ -201,15 +197,10 @@ fn async_ops_on_a_tokio_device_use_its_timers_and_files() {
 
 #[test]
 fn ops_of_a_tokio_device_whose_runtime_is_gone_fail_instead_of_hanging() {
-    within(|| {
+    within(HUNG, || {
         let rt = current_thread_runtime();
-        let engine = Engine::builder()
-            .threads(1)
-            .device("io", Executor::tokio(rt.handle().clone()))
-            .build()
-            .unwrap();
+        let (engine, io) = io_engine(rt.handle());
         drop(rt);
-        let io = engine.device("io").unwrap();
         let v = engine.var(0u32);
         let op = engine
             .op()
@@ -224,12 +215,8 @@ fn ops_of_a_tokio_device_whose_runtime_is_gone_fail_instead_of_hanging() {
 
 #[test]
 fn a_pool_whose_threads_entered_a_runtime_runs_tokio_futures() {
-    within(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+    within(HUNG, || {
+        let rt = multi_thread_runtime(1);
         let handle = rt.handle().clone();
         let engine = Engine::builder()
             .executor(Executor::pool(2).on_thread_start(move || {
@@ -267,21 +254,11 @@ fn a_tokio_device_shows_in_debug_and_refuses_a_start_hook() {
 
 #[test]
 fn a_blocking_wait_in_spawn_blocking_goes_through_the_runtime() {
-    within(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+    within(HUNG, || {
+        let rt = multi_thread_runtime(1);
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.var(0u32);
-        let (release, gate) = mpsc::channel::<()>();
-        let op = engine
-            .push(&[], &[&v], move |_| -> Result<u32, BoxError> {
-                gate.recv()?;
-                Ok(3)
-            })
-            .unwrap();
+        let (release, op) = held_op(&engine, &v, |_| Ok(3u32));
         let got = rt.block_on(async move {
             tokio::task::spawn_blocking(move || {
                 // tokio counts this thread as inside the runtime: the plain
@@ -303,7 +280,7 @@ fn a_blocking_wait_in_spawn_blocking_goes_through_the_runtime() {
 
 #[test]
 fn waiting_for_room_inside_a_runtime_refuses_only_when_there_is_none() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder()
             .threads(1)
             .max_in_flight(1)
@@ -315,13 +292,7 @@ fn waiting_for_room_inside_a_runtime_refuses_only_when_there_is_none() {
         rt.block_on(async {
             assert!(engine.op().mutates(&[&v]).when_room().wait().is_ok());
         });
-        let (release, gate) = mpsc::channel::<()>();
-        engine
-            .push(&[], &[&v], move |_| -> Result<(), BoxError> {
-                gate.recv()?;
-                Ok(())
-            })
-            .unwrap();
+        let (release, _) = held_op(&engine, &v, |_| Ok(()));
         rt.block_on(async {
             assert!(matches!(
                 engine.op().mutates(&[&v]).when_room().wait(),
@@ -335,18 +306,9 @@ fn waiting_for_room_inside_a_runtime_refuses_only_when_there_is_none() {
 
 #[test]
 fn an_op_awaiting_a_timer_of_a_runtime_that_shuts_down_fails_instead_of_hanging() {
-    within(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let engine = Engine::builder()
-            .threads(1)
-            .device("io", Executor::tokio(rt.handle().clone()))
-            .build()
-            .unwrap();
-        let io = engine.device("io").unwrap();
+    within(HUNG, || {
+        let rt = multi_thread_runtime(1);
+        let (engine, io) = io_engine(rt.handle());
         let v = engine.var(0u32);
         let (started, has_started) = mpsc::channel::<()>();
         let op = engine

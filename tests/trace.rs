@@ -7,9 +7,11 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Barrier, mpsc};
+use std::sync::{Arc, Barrier};
 
-use common::within;
+use common::traced::{held_named_op, traced_engine};
+use common::units::allocate;
+use common::{gate, within};
 use depflow::{Engine, Error, Executor, Lane, Tracing, VarId};
 use serde_json::Value;
 
@@ -112,11 +114,7 @@ fn id_of(v: VarId) -> u64 {
 #[test]
 fn the_json_matches_the_program_that_ran() {
     within(60, || {
-        let engine = Engine::builder()
-            .threads(2)
-            .tracing(Tracing::On)
-            .build()
-            .unwrap();
+        let engine = traced_engine(2);
         let (a, b, c, d, e) = (
             engine.new_var(),
             engine.new_var(),
@@ -124,17 +122,7 @@ fn the_json_matches_the_program_that_ran() {
             engine.new_var(),
             engine.new_var(),
         );
-        let (open, gate) = mpsc::channel::<()>();
-        let gate = std::sync::Mutex::new(gate);
-        engine
-            .op()
-            .name("root")
-            .mutates(&[&a])
-            .run(move |_| {
-                gate.lock().unwrap().recv().unwrap();
-                Ok(())
-            })
-            .unwrap();
+        let open = held_named_op(&engine, "root", &a);
         engine
             .op()
             .name("chain")
@@ -304,11 +292,7 @@ fn device_work_has_a_track_per_lane_and_units_a_counter() {
 #[test]
 fn an_async_body_shows_one_slice_per_poll() {
     within(60, || {
-        let engine = Engine::builder()
-            .threads(1)
-            .tracing(Tracing::On)
-            .build()
-            .unwrap();
+        let engine = traced_engine(1);
         let v = engine.new_var();
         let (tx, rx) = futures::channel::oneshot::channel::<()>();
         let op = engine
@@ -380,33 +364,16 @@ fn a_window_records_only_what_ran_in_it() {
         .build()
         .unwrap();
     let v = engine.new_var();
-    engine
-        .op()
-        .name("before")
-        .mutates(&[&v])
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    let run = |name| {
+        let op = engine.op().name(name).mutates(&[&v]).run(|_| Ok(()));
+        op.unwrap().wait().unwrap();
+    };
+    run("before");
     assert!(engine.trace().unwrap().ops().is_empty());
     engine.start_trace().unwrap();
-    engine
-        .op()
-        .name("inside")
-        .mutates(&[&v])
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    run("inside");
     engine.stop_trace().unwrap();
-    engine
-        .op()
-        .name("after")
-        .mutates(&[&v])
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    run("after");
     let trace = engine.trace().unwrap();
     let names: Vec<_> = trace.ops().iter().map(|o| o.name()).collect();
     assert_eq!(names, [Some("inside")]);
@@ -414,11 +381,7 @@ fn a_window_records_only_what_ran_in_it() {
 
 #[test]
 fn a_skipped_op_is_in_the_json_as_skipped() {
-    let engine = Engine::builder()
-        .threads(1)
-        .tracing(Tracing::On)
-        .build()
-        .unwrap();
+    let engine = traced_engine(1);
     let (a, b) = (engine.new_var(), engine.new_var());
     let failed = engine
         .op()
@@ -450,32 +413,11 @@ fn a_skipped_op_is_in_the_json_as_skipped() {
 #[test]
 fn units_from_a_variable_unblock_no_op() {
     within(60, || {
-        let engine = Engine::builder()
-            .threads(2)
-            .tracing(Tracing::On)
-            .build()
-            .unwrap();
+        let engine = traced_engine(2);
         let memory = engine.new_resource("memory", 1);
         let (held, input, out) = (engine.new_var(), engine.new_var(), engine.new_var());
-        engine
-            .op()
-            .mutates(&[&held])
-            .allocates(&memory, 1, &held)
-            .run(|_| Ok(()))
-            .unwrap()
-            .wait()
-            .unwrap();
-        let (open, gate) = mpsc::channel::<()>();
-        let gate = std::sync::Mutex::new(gate);
-        engine
-            .op()
-            .name("produce")
-            .mutates(&[&input])
-            .run(move |_| {
-                gate.lock().unwrap().recv().unwrap();
-                Ok(())
-            })
-            .unwrap();
+        allocate(&engine, &memory, 1, &held);
+        let open = held_named_op(&engine, "produce", &input);
         let needs = engine
             .op()
             .name("needs")
@@ -505,22 +447,17 @@ fn units_from_a_variable_unblock_no_op() {
 #[test]
 fn units_from_an_op_unblock_it() {
     within(60, || {
-        let engine = Engine::builder()
-            .threads(2)
-            .tracing(Tracing::On)
-            .build()
-            .unwrap();
+        let engine = traced_engine(2);
         let memory = engine.new_resource("memory", 1);
         let (a, b) = (engine.new_var(), engine.new_var());
-        let (open, gate) = mpsc::channel::<()>();
-        let gate = std::sync::Mutex::new(gate);
+        let (open, gate) = gate();
         engine
             .op()
             .name("holder")
             .mutates(&[&a])
             .uses(&memory, 1)
             .run(move |_| {
-                gate.lock().unwrap().recv().unwrap();
+                gate.pass();
                 Ok(())
             })
             .unwrap();

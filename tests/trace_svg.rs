@@ -8,7 +8,8 @@ mod common;
 
 use std::sync::mpsc;
 
-use common::within;
+use common::traced::{held_named_op, traced_engine};
+use common::{gate, within};
 use depflow::{Engine, Error, Executor, Lane, Trace, Tracing};
 use roxmltree::{Document, Node};
 
@@ -131,12 +132,7 @@ fn the_picture_matches_the_trace() {
         );
         // The producer waits until the consumer is pushed, so that the
         // consumer waits for it and is unblocked by it.
-        let (open, gate) = mpsc::channel::<()>();
-        let gate = std::sync::Mutex::new(gate);
-        let produce = engine.op().name("produce").mutates(&[&a]);
-        produce
-            .run(move |_| Ok(gate.lock().unwrap().recv()?))
-            .unwrap();
+        let open = held_named_op(&engine, "produce", &a);
         let consume = engine
             .op()
             .name("consume")
@@ -212,14 +208,9 @@ fn the_picture_matches_the_trace() {
 #[test]
 fn an_op_still_running_has_an_open_bar() {
     within(60, || {
-        let engine = Engine::builder()
-            .threads(1)
-            .tracing(Tracing::On)
-            .build()
-            .unwrap();
+        let engine = traced_engine(1);
         let (started, running) = mpsc::channel::<()>();
-        let (open, gate) = mpsc::channel::<()>();
-        let gate = std::sync::Mutex::new(gate);
+        let (open, gate) = gate();
         let v = engine.new_var();
         engine
             .op()
@@ -227,7 +218,8 @@ fn an_op_still_running_has_an_open_bar() {
             .mutates(&[&v])
             .run(move |_| {
                 started.send(())?;
-                Ok(gate.lock().unwrap().recv()?)
+                gate.pass();
+                Ok(())
             })
             .unwrap();
         running.recv().unwrap();

@@ -2,37 +2,36 @@
 //! `Engine::shutdown_timeout` report a stuck program instead of hanging it,
 //! and leave the wait good for another try.
 
+mod common;
+
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::held::held_op;
+use common::within;
 use depflow::{BoxError, Engine, Error};
 
-/// Runs `f` on its own thread and returns what it returns, or fails the test
-/// if it has not returned within 10 s (instead of hanging the suite).
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("hung: did not return within 10 s")
-}
+/// How long a test may take before it counts as hung.
+const HUNG: u64 = 10;
 
 const SHORT: Duration = Duration::from_millis(20);
 const LONG: Duration = Duration::from_secs(60);
 
+/// Checks that `err` is a timeout of a wait on the whole engine, which
+/// counted `ops` ops still in flight.
+fn assert_timed_out_with_in_flight(err: &Error, ops: usize) {
+    assert!(
+        matches!(err, Error::TimedOut { in_flight: Some(n), .. } if *n == ops),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn an_op_handle_times_out_and_stays_good() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.new_var();
-        let (release, gate) = mpsc::channel::<()>();
-        let mut op = engine
-            .push(&[], &[&v], move |_| -> Result<u32, BoxError> {
-                gate.recv()?;
-                Ok(7)
-            })
-            .unwrap();
+        let (release, mut op) = held_op(&engine, &v, |_| Ok(7));
         match op.wait_timeout(SHORT) {
             Err(Error::TimedOut { waited, in_flight }) => {
                 assert_eq!(waited, SHORT);
@@ -49,16 +48,10 @@ fn an_op_handle_times_out_and_stays_good() {
 
 #[test]
 fn an_op_handle_that_timed_out_can_still_be_awaited() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.new_var();
-        let (release, gate) = mpsc::channel::<()>();
-        let mut op = engine
-            .push(&[], &[&v], move |_| -> Result<u32, BoxError> {
-                gate.recv()?;
-                Err("failed late".into())
-            })
-            .unwrap();
+        let (release, mut op) = held_op(&engine, &v, |_| Err::<u32, _>("failed late".into()));
         assert!(matches!(
             op.wait_timeout(SHORT),
             Err(Error::TimedOut { .. })
@@ -71,31 +64,16 @@ fn an_op_handle_that_timed_out_can_still_be_awaited() {
 
 #[test]
 fn wait_all_times_out_with_the_ops_in_flight() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.new_var();
-        let (release, gate) = mpsc::channel::<()>();
-        engine
-            .push(&[], &[&v], move |_| -> Result<(), BoxError> {
-                gate.recv()?;
-                Ok(())
-            })
-            .unwrap();
+        let (release, _) = held_op(&engine, &v, |_| Ok(()));
         for _ in 0..2 {
             engine.push(&[&v], &[], |_| Ok::<_, BoxError>(())).unwrap();
         }
         let mut all = engine.wait_all();
         let err = all.wait_timeout(SHORT).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::TimedOut {
-                    in_flight: Some(3),
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_timed_out_with_in_flight(&err, 3);
         assert!(err.to_string().contains("3 op(s) still in flight"), "{err}");
         release.send(()).unwrap();
         all.wait_timeout(LONG).unwrap();
@@ -104,18 +82,14 @@ fn wait_all_times_out_with_the_ops_in_flight() {
 
 #[test]
 fn a_wait_for_a_variable_times_out() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.var(0u32);
-        let (release, gate) = mpsc::channel::<()>();
         let k = v.key();
-        engine
-            .push(&[], &[&v], move |ctx| -> Result<(), BoxError> {
-                gate.recv()?;
-                *ctx.write(k)? += 1;
-                Ok(())
-            })
-            .unwrap();
+        let (release, _) = held_op(&engine, &v, move |ctx| {
+            *ctx.write(k)? += 1;
+            Ok(())
+        });
         let mut wait = engine.wait_for_var(&v);
         assert!(matches!(
             wait.wait_timeout(SHORT),
@@ -132,30 +106,14 @@ fn a_wait_for_a_variable_times_out() {
 
 #[test]
 fn a_shutdown_with_a_deadline_reports_instead_of_hanging() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.new_var();
-        let (release, gate) = mpsc::channel::<()>();
         let (ran, finished) = mpsc::channel::<()>();
-        engine
-            .push(&[], &[&v], move |_| -> Result<(), BoxError> {
-                gate.recv()?;
-                ran.send(())?;
-                Ok(())
-            })
-            .unwrap();
+        let (release, _) = held_op(&engine, &v, move |_| Ok(ran.send(())?));
         let queued = engine.push(&[&v], &[], |_| Ok::<_, BoxError>(1)).unwrap();
         let err = engine.shutdown_timeout(SHORT).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::TimedOut {
-                    in_flight: Some(2),
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_timed_out_with_in_flight(&err, 2);
         // Shut down all the same: no new pushes.
         assert!(matches!(
             engine.push(&[], &[&v], |_| Ok::<_, BoxError>(())),
@@ -172,7 +130,7 @@ fn a_shutdown_with_a_deadline_reports_instead_of_hanging() {
 
 #[test]
 fn a_shutdown_in_time_is_ok() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(1).build().unwrap();
         let v = engine.var(0u32);
         let k = v.key();
@@ -192,18 +150,11 @@ fn a_shutdown_in_time_is_ok() {
 
 #[test]
 fn a_timed_wait_inside_an_op_is_refused() {
-    within(|| {
+    within(HUNG, || {
         let engine = Engine::builder().threads(2).build().unwrap();
         let (a, b) = (engine.new_var(), engine.new_var());
-        let (release, gate) = mpsc::channel::<()>();
-        let mut slow = Some(
-            engine
-                .push(&[], &[&a], move |_| -> Result<(), BoxError> {
-                    gate.recv()?;
-                    Ok(())
-                })
-                .unwrap(),
-        );
+        let (release, slow) = held_op(&engine, &a, |_| Ok(()));
+        let mut slow = Some(slow);
         let inside = engine
             .push(&[], &[&b], move |_| -> Result<bool, BoxError> {
                 let slow = slow.as_mut().unwrap();

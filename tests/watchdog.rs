@@ -11,6 +11,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
+use common::units::allocate;
 use common::within;
 use depflow::{BoxError, Cycle, Diagnostics, Engine, Error, Needs, Var};
 use futures::FutureExt;
@@ -252,14 +253,7 @@ fn the_dot_graph_has_the_ops_the_variable_and_the_cycle() {
     let (engine, hangs) = watched(2);
     let memory = engine.new_resource("memory", 1);
     let (x, cache) = (engine.var_named("x", ()), engine.var_named("cache", ()));
-    engine
-        .op()
-        .mutates(&[&cache])
-        .allocates(&memory, 1, &cache)
-        .run(|_| Ok(()))
-        .unwrap()
-        .wait()
-        .unwrap();
+    allocate(&engine, &memory, 1, &cache);
     let pushed = Instant::now();
     let give_up = async_deadlock(&engine, &x);
     // Waits for the unit `cache` holds.

@@ -1,7 +1,12 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod held;
 pub mod streams;
+#[cfg(feature = "tokio")]
+pub mod tokio_io;
+pub mod traced;
+pub mod units;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
