@@ -17,6 +17,7 @@
 //! `mpirun` directly (`mpirun -np 2 target/debug/deps/mpi-*`) it runs the
 //! checks on every rank.
 
+mod common;
 #[path = "mpi/group.rs"]
 mod group;
 
@@ -24,7 +25,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use depflow::{Communicator, Engine, Error, ReduceOp, Var};
+use depflow::{AnyVar, Communicator, Engine, Error, ReduceOp, Var};
 use mpi::traits::Communicator as _;
 
 /// Global data: `SHARDS` shards, rank `r` of `n` holds shards `r, r+n, ...`
@@ -211,6 +212,15 @@ fn many_in_flight(engine: &Engine, comm: &Communicator) {
     }
 }
 
+/// `v` is poisoned: an op reading it fails so.
+fn assert_poisoned(engine: &Engine, v: &dyn AnyVar) {
+    let after = engine.push(&[v], &[], |_| Ok(())).unwrap().wait();
+    assert!(
+        matches!(after, Err(Error::Poisoned(_))),
+        "not poisoned: {after:?}"
+    );
+}
+
 fn collective_failure<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
     match r {
         Err(e @ Error::Failed(_)) => matches!(
@@ -242,11 +252,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
         .unwrap()
         .wait();
     assert!(collective_failure(&r), "{r:?}");
-    let after = engine.push(&[&output], &[], |_| Ok(())).unwrap().wait();
-    assert!(
-        matches!(after, Err(Error::Poisoned(_))),
-        "output not poisoned: {after:?}"
-    );
+    assert_poisoned(engine, &output);
 
     // A poisoned input: skipped, its output poisoned by the same failure.
     let p = engine.var(vec![1.0f64; 8]);
@@ -271,8 +277,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
         .unwrap()
         .wait();
     assert!(collective_failure(&r), "{r:?}");
-    let after = engine.push(&[&flags], &[], |_| Ok(())).unwrap().wait();
-    assert!(matches!(after, Err(Error::Poisoned(_))), "{after:?}");
+    assert_poisoned(engine, &flags);
 
     // The issue order went on past the skipped and failed ones (a place
     // not given up would hang here: bounded).
@@ -340,8 +345,7 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
             "{m}"
         );
         // Its output is poisoned by that failure.
-        let after = engine.push(&[&v], &[], |_| Ok(())).unwrap().wait();
-        assert!(matches!(after, Err(Error::Poisoned(_))), "{after:?}");
+        assert_poisoned(engine, &v);
     }
 
     // Rank 0 refuses an all-gather (its output has the wrong length there
