@@ -37,6 +37,7 @@
 
 mod data;
 mod model;
+mod settings;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -45,15 +46,9 @@ use data::{CLASSES, Data, FEATURES, Rng};
 use depflow::parallel::{Group, Overlap};
 use depflow::{Engine, Error, Executor, Tracing};
 use model::Mlp;
+use settings::{BATCH, CHECKED_FROM, HIDDEN, MIN_ACCURACY, SEED, layers, sgd};
 
-const SEED: u64 = 42;
-const BATCH: usize = 128;
-const HIDDEN: [usize; 3] = [64, 256, 256];
-const LEARNING_RATE: f32 = 0.2;
 const DEFAULT_EPOCHS: usize = 8;
-/// With this many epochs or more, the run fails below this accuracy.
-const CHECKED_FROM: usize = 5;
-const MIN_ACCURACY: f64 = 0.9;
 
 struct Run {
     losses: Vec<f32>,
@@ -98,16 +93,8 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
             gb.device(dev(format!("cpu{d}")))
         };
     }
-    let mut group = gb
-        .optimizer(|w, g| {
-            w.iter_mut()
-                .zip(g)
-                .for_each(|(w, g)| *w -= LEARNING_RATE * g)
-        })
-        .build()?;
-    let mut dims = vec![FEATURES];
-    dims.extend(HIDDEN);
-    dims.push(CLASSES);
+    let mut group = gb.optimizer(sgd).build()?;
+    let dims = layers();
     let mlp = Mlp::new(&mut group, &engine, &dims, SEED)?;
 
     let steps = data.train_y.len() / BATCH;
