@@ -131,24 +131,10 @@ fn train(
         let mut order: Vec<usize> = (0..data.train_y.len()).collect();
         Rng(SEED + 1 + epoch as u64).shuffle(&mut order);
         let start = Instant::now();
-        group.load(share(&order, 0))?;
-        for step in 0..steps {
-            if step + 1 < steps {
-                group.load(share(&order, step + 1))?;
-            }
-            group.step(|s| mlp.step(s))?;
-        }
+        mlp.epoch(&mut group, steps, |step| share(&order, step))?;
         // The epoch's losses on this rank, then over every rank (pushed
         // from this thread, after the steps' collectives, as on every rank).
-        let mut total = 0.0;
-        for sc in &mlp.scratch {
-            let k = sc.losses.key();
-            total += engine
-                .op()
-                .mutates(&[&sc.losses])
-                .run(move |ctx| Ok(std::mem::take(&mut *ctx.write(k)?).iter().sum::<f32>()))?
-                .wait()?;
-        }
+        let total = mlp.take_losses(&engine)?;
         let loss = engine.var(vec![total]);
         comm.all_reduce(&loss).name("loss").push()?.wait()?;
         engine.wait_all().wait()?;

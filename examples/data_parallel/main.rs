@@ -106,24 +106,9 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
         let mut order: Vec<usize> = (0..data.train_y.len()).collect();
         Rng(SEED + 1 + epoch as u64).shuffle(&mut order);
         let start = Instant::now();
-        group.load(data.batch(&order, 0, BATCH))?;
-        for step in 0..steps {
-            if step + 1 < steps {
-                group.load(data.batch(&order, step + 1, BATCH))?;
-            }
-            group.step(|s| mlp.step(s))?;
-        }
+        mlp.epoch(&mut group, steps, |step| data.batch(&order, step, BATCH))?;
         // The epoch's losses, once every step's have been written.
-        let mut total = 0.0;
-        for sc in &mlp.scratch {
-            let k = sc.losses.key();
-            total += engine
-                .op()
-                .reads(&[])
-                .mutates(&[&sc.losses])
-                .run(move |ctx| Ok(std::mem::take(&mut *ctx.write(k)?).iter().sum::<f32>()))?
-                .wait()?;
-        }
+        let total = mlp.take_losses(&engine)?;
         engine.wait_all().wait()?;
         elapsed += start.elapsed().as_secs_f64();
         losses.push(total / (steps * BATCH) as f32);
