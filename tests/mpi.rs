@@ -25,7 +25,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use depflow::{AnyVar, Communicator, Engine, Error, ReduceOp, Var};
+use depflow::{AnyVar, CollectiveOp, Communicator, Engine, Error, ReduceOp, Var};
 use mpi::traits::Communicator as _;
 
 /// Global data: `SHARDS` shards, rank `r` of `n` holds shards `r, r+n, ...`
@@ -221,6 +221,16 @@ fn assert_poisoned(engine: &Engine, v: &dyn AnyVar) {
     );
 }
 
+/// Collective `c` fails as a collective does, poisoning `out`.
+fn fails_poisoning<T>(engine: &Engine, c: CollectiveOp<'_, T>, out: &dyn AnyVar)
+where
+    T: mpi::traits::Equivalence + Copy + Send + Sync + 'static,
+{
+    let r = c.push().unwrap().wait();
+    assert!(collective_failure(&r), "{r:?}");
+    assert_poisoned(engine, out);
+}
+
 fn collective_failure<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
     match r {
         Err(e @ Error::Failed(_)) => matches!(
@@ -245,14 +255,8 @@ fn errors(engine: &Engine, comm: &Communicator) {
     // Caught before issuing: an all-gather output of the wrong length.
     let input = engine.var(vec![1u8; 3]);
     let output = engine.var(vec![0u8; 3 * size + 1]);
-    let r = comm
-        .all_gather(&input, &output)
-        .name("bad gather")
-        .push()
-        .unwrap()
-        .wait();
-    assert!(collective_failure(&r), "{r:?}");
-    assert_poisoned(engine, &output);
+    let bad = comm.all_gather(&input, &output).name("bad gather");
+    fails_poisoning(engine, bad, &output);
 
     // A poisoned input: skipped, its output poisoned by the same failure.
     let p = engine.var(vec![1.0f64; 8]);
@@ -270,14 +274,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
 
     // MPI's own error (a sum of booleans: MPI_ERR_OP), returned, not fatal.
     let flags = engine.var(vec![true, false]);
-    let r = comm
-        .all_reduce(&flags)
-        .name("bool sum")
-        .push()
-        .unwrap()
-        .wait();
-    assert!(collective_failure(&r), "{r:?}");
-    assert_poisoned(engine, &flags);
+    fails_poisoning(engine, comm.all_reduce(&flags).name("bool sum"), &flags);
 
     // The issue order went on past the skipped and failed ones (a place
     // not given up would hang here: bounded).

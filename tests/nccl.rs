@@ -54,15 +54,23 @@ fn refusal(engine: &Engine, devices: &[Device]) -> String {
     m
 }
 
+/// `m` says why: `with_cuda` with the `cuda` feature; without it, that the
+/// feature is off.
+fn assert_says(m: &str, with_cuda: &str) {
+    let want = if cfg!(feature = "cuda") {
+        with_cuda
+    } else {
+        "the `cuda` feature"
+    };
+    assert!(m.contains(want), "{m}");
+}
+
 #[test]
 fn nccl_over_cpu_devices_is_refused() {
     let (engine, devices) = engine(2, |_| Executor::pool(1));
     let m = refusal(&engine, &devices);
     assert!(m.contains("Backend::Nccl"), "{m}");
-    #[cfg(feature = "cuda")]
-    assert!(m.contains("device 0 (`d0`) runs on the host"), "{m}");
-    #[cfg(not(feature = "cuda"))]
-    assert!(m.contains("the `cuda` feature"), "{m}");
+    assert_says(&m, "device 0 (`d0`) runs on the host");
 }
 
 #[test]
@@ -71,10 +79,7 @@ fn nccl_over_simulated_gpus_is_refused() {
     // first device that cannot take part.
     let (engine, devices) = engine(2, one_simulated_gpu(0));
     let m = refusal(&engine, &devices);
-    #[cfg(feature = "cuda")]
-    assert!(m.contains("device 0 (`d0`) is a simulated GPU"), "{m}");
-    #[cfg(not(feature = "cuda"))]
-    assert!(m.contains("the `cuda` feature"), "{m}");
+    assert_says(&m, "device 0 (`d0`) is a simulated GPU");
 }
 
 #[test]

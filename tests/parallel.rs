@@ -443,23 +443,56 @@ fn a_stream_devices_split_and_copy_back_go_to_its_host_to_device_lane() {
     assert_eq!(group.weights(p, 1).unwrap(), [0.0]);
 }
 
+/// A group of two parameters, one bucket each (3 and 5 floats: the first
+/// layer's, the last's), on `n` CPU devices of a traced engine, with SGD
+/// if `optimizer`; each device's one worker held until its gate sends.
+struct TwoLayers {
+    engine: Engine,
+    devices: Vec<Device>,
+    group: Group,
+    first: Param,
+    last: Param,
+    gates: Vec<std::sync::mpsc::Sender<()>>,
+}
+
+fn two_layers(n: usize, optimizer: bool) -> TwoLayers {
+    let (engine, devices) = engine(n, false, Tracing::On);
+    let mut builder = Group::builder(&engine)
+        .devices(devices.clone())
+        .bucket_bytes(0);
+    if optimizer {
+        builder = builder.optimizer(sgd);
+    }
+    let mut group = builder.build().unwrap();
+    let (first, last) = (
+        group.param(&[0.0; 3]).unwrap(),
+        group.param(&[0.0; 5]).unwrap(),
+    );
+    let gates = hold(&engine, &devices);
+    TwoLayers {
+        engine,
+        devices,
+        group,
+        first,
+        last,
+        gates,
+    }
+}
+
 #[test]
 fn the_first_layers_reduction_goes_first() {
     within(60, || {
         // One worker per device, held until everything is pushed: then
         // both buckets' packs are made ready by one op, and the worker
         // picks by priority.
-        let (engine, devices) = engine(2, false, Tracing::On);
-        let mut group = Group::builder(&engine)
-            .devices(devices.clone())
-            .bucket_bytes(0)
-            .build()
-            .unwrap();
-        let (first, last) = (
-            group.param(&[0.0; 3]).unwrap(),
-            group.param(&[0.0; 5]).unwrap(),
-        );
-        let gates = hold(&engine, &devices);
+        let TwoLayers {
+            engine,
+            mut group,
+            first,
+            last,
+            gates,
+            ..
+        } = two_layers(2, false);
         group
             .step(|s| {
                 // One backward op writes both gradients (the last layer's
@@ -509,18 +542,14 @@ fn updates_wait_for_the_backward_ops_still_to_run() {
         // the next backward op: the backward op goes first (the update is
         // needed only by the next step; the backward op makes the
         // gradients still to be reduced).
-        let (engine, devices) = engine(1, false, Tracing::On);
-        let mut group = Group::builder(&engine)
-            .devices(devices.clone())
-            .bucket_bytes(0)
-            .optimizer(sgd)
-            .build()
-            .unwrap();
-        let (first, last) = (
-            group.param(&[0.0; 3]).unwrap(),
-            group.param(&[0.0; 5]).unwrap(),
-        );
-        let gates = hold(&engine, &devices);
+        let TwoLayers {
+            engine,
+            devices,
+            mut group,
+            first,
+            last,
+            gates,
+        } = two_layers(1, true);
         let dys: Vec<Var<Vec<f32>>> = devices.iter().map(|_| engine.var(Vec::new())).collect();
         group
             .step(|s| {
