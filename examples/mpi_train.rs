@@ -32,26 +32,21 @@
 mod data;
 #[path = "data_parallel/model.rs"]
 mod model;
+#[path = "data_parallel/settings.rs"]
+mod settings;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use data::{CLASSES, Data, FEATURES, Rng};
+use data::{Data, FEATURES, Rng};
 use depflow::parallel::Group;
 use depflow::{Communicator, Engine, Error, Executor, ReduceOp};
 use model::{Mlp, Weights};
+use settings::{BATCH, CHECKED_FROM, MIN_ACCURACY, SEED, layers, sgd};
 
-const SEED: u64 = 42;
-/// The global batch, split over ranks x local devices.
-const BATCH: usize = 128;
-const HIDDEN: [usize; 3] = [64, 256, 256];
-const LEARNING_RATE: f32 = 0.2;
 const EPOCHS: usize = 10;
 /// Local devices per rank unless `--devices N`.
 const DEVICES: usize = 2;
-/// With this many epochs or more, the run fails below this accuracy.
-const CHECKED_FROM: usize = 5;
-const MIN_ACCURACY: f64 = 0.9;
 
 fn main() -> ExitCode {
     let Some((epochs, devices)) = args() else {
@@ -114,16 +109,10 @@ fn train(
         .devices((0..devices).map(|d| engine.device(&format!("cpu{d}")).expect("built above")))
         .input(FEATURES)
         .input(1)
-        .optimizer(|w, g| {
-            w.iter_mut()
-                .zip(g)
-                .for_each(|(w, g)| *w -= LEARNING_RATE * g)
-        })
+        .optimizer(sgd)
         .across_ranks(&comm)
         .build()?;
-    let mut dims = vec![FEATURES];
-    dims.extend(HIDDEN);
-    dims.push(CLASSES);
+    let dims = layers();
     // The same seeded start on every rank.
     let mlp = Mlp::new(&mut group, &engine, &dims, SEED)?;
 
@@ -142,24 +131,10 @@ fn train(
         let mut order: Vec<usize> = (0..data.train_y.len()).collect();
         Rng(SEED + 1 + epoch as u64).shuffle(&mut order);
         let start = Instant::now();
-        group.load(share(&order, 0))?;
-        for step in 0..steps {
-            if step + 1 < steps {
-                group.load(share(&order, step + 1))?;
-            }
-            group.step(|s| mlp.step(s))?;
-        }
+        mlp.epoch(&mut group, steps, |step| share(&order, step))?;
         // The epoch's losses on this rank, then over every rank (pushed
         // from this thread, after the steps' collectives, as on every rank).
-        let mut total = 0.0;
-        for sc in &mlp.scratch {
-            let k = sc.losses.key();
-            total += engine
-                .op()
-                .mutates(&[&sc.losses])
-                .run(move |ctx| Ok(std::mem::take(&mut *ctx.write(k)?).iter().sum::<f32>()))?
-                .wait()?;
-        }
+        let total = mlp.take_losses(&engine)?;
         let loss = engine.var(vec![total]);
         comm.all_reduce(&loss).name("loss").push()?.wait()?;
         engine.wait_all().wait()?;

@@ -17,6 +17,7 @@
 //! `mpirun` directly (`mpirun -np 2 target/debug/deps/mpi-*`) it runs the
 //! checks on every rank.
 
+mod common;
 #[path = "mpi/group.rs"]
 mod group;
 
@@ -24,7 +25,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use depflow::{Communicator, Engine, Error, ReduceOp, Var};
+use depflow::{AnyVar, CollectiveOp, Communicator, Engine, Error, ReduceOp, Var};
 use mpi::traits::Communicator as _;
 
 /// Global data: `SHARDS` shards, rank `r` of `n` holds shards `r, r+n, ...`
@@ -211,6 +212,25 @@ fn many_in_flight(engine: &Engine, comm: &Communicator) {
     }
 }
 
+/// `v` is poisoned: an op reading it fails so.
+fn assert_poisoned(engine: &Engine, v: &dyn AnyVar) {
+    let after = engine.push(&[v], &[], |_| Ok(())).unwrap().wait();
+    assert!(
+        matches!(after, Err(Error::Poisoned(_))),
+        "not poisoned: {after:?}"
+    );
+}
+
+/// Collective `c` fails as a collective does, poisoning `out`.
+fn fails_poisoning<T>(engine: &Engine, c: CollectiveOp<'_, T>, out: &dyn AnyVar)
+where
+    T: mpi::traits::Equivalence + Copy + Send + Sync + 'static,
+{
+    let r = c.push().unwrap().wait();
+    assert!(collective_failure(&r), "{r:?}");
+    assert_poisoned(engine, out);
+}
+
 fn collective_failure<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
     match r {
         Err(e @ Error::Failed(_)) => matches!(
@@ -235,18 +255,8 @@ fn errors(engine: &Engine, comm: &Communicator) {
     // Caught before issuing: an all-gather output of the wrong length.
     let input = engine.var(vec![1u8; 3]);
     let output = engine.var(vec![0u8; 3 * size + 1]);
-    let r = comm
-        .all_gather(&input, &output)
-        .name("bad gather")
-        .push()
-        .unwrap()
-        .wait();
-    assert!(collective_failure(&r), "{r:?}");
-    let after = engine.push(&[&output], &[], |_| Ok(())).unwrap().wait();
-    assert!(
-        matches!(after, Err(Error::Poisoned(_))),
-        "output not poisoned: {after:?}"
-    );
+    let bad = comm.all_gather(&input, &output).name("bad gather");
+    fails_poisoning(engine, bad, &output);
 
     // A poisoned input: skipped, its output poisoned by the same failure.
     let p = engine.var(vec![1.0f64; 8]);
@@ -264,15 +274,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
 
     // MPI's own error (a sum of booleans: MPI_ERR_OP), returned, not fatal.
     let flags = engine.var(vec![true, false]);
-    let r = comm
-        .all_reduce(&flags)
-        .name("bool sum")
-        .push()
-        .unwrap()
-        .wait();
-    assert!(collective_failure(&r), "{r:?}");
-    let after = engine.push(&[&flags], &[], |_| Ok(())).unwrap().wait();
-    assert!(matches!(after, Err(Error::Poisoned(_))), "{after:?}");
+    fails_poisoning(engine, comm.all_reduce(&flags).name("bool sum"), &flags);
 
     // The issue order went on past the skipped and failed ones (a place
     // not given up would hang here: bounded).
@@ -340,8 +342,7 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
             "{m}"
         );
         // Its output is poisoned by that failure.
-        let after = engine.push(&[&v], &[], |_| Ok(())).unwrap().wait();
-        assert!(matches!(after, Err(Error::Poisoned(_))), "{after:?}");
+        assert_poisoned(engine, &v);
     }
 
     // Rank 0 refuses an all-gather (its output has the wrong length there

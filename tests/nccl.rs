@@ -6,6 +6,9 @@
 //! by the test harness) and passes, unless `DEPFLOW_REQUIRE_GPU=1`, which
 //! makes a skip a failure (for a machine that has GPUs and NCCL).
 
+mod common;
+
+use common::parallel::sgd;
 use depflow::parallel::{AllReduce, Backend, Group};
 use depflow::{Device, Engine, Error, Executor};
 
@@ -20,6 +23,17 @@ fn engine(n: usize, exec: impl Fn(usize) -> Executor) -> (Engine, Vec<Device>) {
         .map(|d| engine.device(&format!("d{d}")).unwrap())
         .collect();
     (engine, devices)
+}
+
+/// Host devices (one worker each), but for device `gpu`, a simulated GPU.
+fn one_simulated_gpu(gpu: usize) -> impl Fn(usize) -> Executor {
+    move |d| {
+        if d == gpu {
+            Executor::simulated_gpu(1)
+        } else {
+            Executor::pool(1)
+        }
+    }
 }
 
 /// `Backend::Nccl` over `devices`: the error, and that the segments were
@@ -40,33 +54,32 @@ fn refusal(engine: &Engine, devices: &[Device]) -> String {
     m
 }
 
+/// `m` says why: `with_cuda` with the `cuda` feature; without it, that the
+/// feature is off.
+fn assert_says(m: &str, with_cuda: &str) {
+    let want = if cfg!(feature = "cuda") {
+        with_cuda
+    } else {
+        "the `cuda` feature"
+    };
+    assert!(m.contains(want), "{m}");
+}
+
 #[test]
 fn nccl_over_cpu_devices_is_refused() {
     let (engine, devices) = engine(2, |_| Executor::pool(1));
     let m = refusal(&engine, &devices);
     assert!(m.contains("Backend::Nccl"), "{m}");
-    #[cfg(feature = "cuda")]
-    assert!(m.contains("device 0 (`d0`) runs on the host"), "{m}");
-    #[cfg(not(feature = "cuda"))]
-    assert!(m.contains("the `cuda` feature"), "{m}");
+    assert_says(&m, "device 0 (`d0`) runs on the host");
 }
 
 #[test]
 fn nccl_over_simulated_gpus_is_refused() {
     // The host device first, then a simulated GPU: the message names the
     // first device that cannot take part.
-    let (engine, devices) = engine(2, |d| {
-        if d == 0 {
-            Executor::simulated_gpu(1)
-        } else {
-            Executor::pool(1)
-        }
-    });
+    let (engine, devices) = engine(2, one_simulated_gpu(0));
     let m = refusal(&engine, &devices);
-    #[cfg(feature = "cuda")]
-    assert!(m.contains("device 0 (`d0`) is a simulated GPU"), "{m}");
-    #[cfg(not(feature = "cuda"))]
-    assert!(m.contains("the `cuda` feature"), "{m}");
+    assert_says(&m, "device 0 (`d0`) is a simulated GPU");
 }
 
 #[test]
@@ -85,7 +98,7 @@ fn a_group_with_nccl_on_cpu_devices_fails_its_first_step() {
         .devices(devices)
         .input(1)
         .backend(Backend::Nccl)
-        .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
+        .optimizer(sgd)
         .build()
         .unwrap();
     let w = group.param(&[1.0]).unwrap();
@@ -106,13 +119,7 @@ fn a_group_with_nccl_on_cpu_devices_fails_its_first_step() {
 
 #[test]
 fn auto_picks_the_ring_off_cuda() {
-    let (engine, devices) = engine(3, |d| {
-        if d == 1 {
-            Executor::simulated_gpu(1)
-        } else {
-            Executor::pool(1)
-        }
-    });
+    let (engine, devices) = engine(3, one_simulated_gpu(1));
     assert_eq!(Backend::auto(&engine, &devices), Backend::Ring);
     assert_eq!(Backend::auto(&engine, &devices[1..2]), Backend::Ring);
     assert_eq!(Backend::auto(&engine, &[]), Backend::Ring);

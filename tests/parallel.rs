@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::parallel::{backward, hold, ring_order, sgd};
 use common::{mix, within};
 use depflow::parallel::{AllReduce, Backend, Group, Overlap, Param, Update, serial_sum};
 use depflow::{Device, Engine, Error, Executor, Tracing, Var};
@@ -37,23 +38,6 @@ fn values(seed: u64, len: usize) -> Vec<f32> {
             ((z >> 32) as f32 / u32::MAX as f32 - 0.5) * 2f32.powi(exp)
         })
         .collect()
-}
-
-/// The ring's order, written out here independently of the crate: chunk
-/// `c` (elements `c*len/n .. (c+1)*len/n`) folds from device `c`.
-fn ring_order(buffers: &[Vec<f32>]) -> Vec<f32> {
-    let (n, len) = (buffers.len(), buffers[0].len());
-    let mut out = vec![0.0; len];
-    for c in 0..n {
-        for i in c * len / n..(c + 1) * len / n {
-            let mut acc = buffers[c][i];
-            for k in 1..n {
-                acc += buffers[(c + k) % n][i];
-            }
-            out[i] = acc;
-        }
-    }
-    out
 }
 
 fn bits(xs: &[f32]) -> Vec<u32> {
@@ -184,20 +168,10 @@ impl Linear {
             }
             let dims = self.dims;
             group.step(|s| {
-                let (x, y, wv, g) = (s.input(0), s.input(1), s.replica(w), s.grad(w));
-                let (xk, yk, wk, gk) = (x.key(), y.key(), wv.key(), g.key());
-                s.engine()
-                    .op()
-                    .name("backward")
-                    .on(s.device())
-                    .reads(&[x, y, wv])
-                    .mutates(&[g])
-                    .run(move |ctx| {
-                        let grad = Self::grad(dims, &ctx.read(wk)?, &ctx.read(xk)?, &ctx.read(yk)?);
-                        ctx.write(gk)?.copy_from_slice(&grad);
-                        Ok(())
-                    })?;
-                s.grad_ready(w)
+                backward(s, w, move |x, y, w, g| {
+                    g.copy_from_slice(&Self::grad(dims, w, x, y));
+                    Ok(())
+                })
             })?;
         }
         (0..n).map(|d| group.weights(w, d)).collect()
@@ -389,7 +363,7 @@ fn a_failing_backward_op_poisons_every_replica_and_only_its_bucket() {
                 .devices(devices)
                 .bucket_bytes(0)
                 .update(update)
-                .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
+                .optimizer(sgd)
                 .build()
                 .unwrap();
             let (a, b) = (
@@ -447,7 +421,7 @@ fn a_stream_devices_split_and_copy_back_go_to_its_host_to_device_lane() {
         .devices(devices)
         .input(1)
         .update(Update::Host)
-        .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
+        .optimizer(sgd)
         .build()
         .unwrap();
     let p = group.param(&[0.0]).unwrap();
@@ -469,39 +443,56 @@ fn a_stream_devices_split_and_copy_back_go_to_its_host_to_device_lane() {
     assert_eq!(group.weights(p, 1).unwrap(), [0.0]);
 }
 
+/// A group of two parameters, one bucket each (3 and 5 floats: the first
+/// layer's, the last's), on `n` CPU devices of a traced engine, with SGD
+/// if `optimizer`; each device's one worker held until its gate sends.
+struct TwoLayers {
+    engine: Engine,
+    devices: Vec<Device>,
+    group: Group,
+    first: Param,
+    last: Param,
+    gates: Vec<std::sync::mpsc::Sender<()>>,
+}
+
+fn two_layers(n: usize, optimizer: bool) -> TwoLayers {
+    let (engine, devices) = engine(n, false, Tracing::On);
+    let mut builder = Group::builder(&engine)
+        .devices(devices.clone())
+        .bucket_bytes(0);
+    if optimizer {
+        builder = builder.optimizer(sgd);
+    }
+    let mut group = builder.build().unwrap();
+    let (first, last) = (
+        group.param(&[0.0; 3]).unwrap(),
+        group.param(&[0.0; 5]).unwrap(),
+    );
+    let gates = hold(&engine, &devices);
+    TwoLayers {
+        engine,
+        devices,
+        group,
+        first,
+        last,
+        gates,
+    }
+}
+
 #[test]
 fn the_first_layers_reduction_goes_first() {
     within(60, || {
         // One worker per device, held until everything is pushed: then
         // both buckets' packs are made ready by one op, and the worker
         // picks by priority.
-        let (engine, devices) = engine(2, false, Tracing::On);
-        let mut group = Group::builder(&engine)
-            .devices(devices.clone())
-            .bucket_bytes(0)
-            .build()
-            .unwrap();
-        let (first, last) = (
-            group.param(&[0.0; 3]).unwrap(),
-            group.param(&[0.0; 5]).unwrap(),
-        );
-        let gates: Vec<_> = devices
-            .iter()
-            .map(|&d| {
-                let (open, gate) = std::sync::mpsc::channel::<()>();
-                let held = engine.new_var();
-                engine
-                    .op()
-                    .on(d)
-                    .mutates(&[&held])
-                    .run(move |_| {
-                        gate.recv()?;
-                        Ok(())
-                    })
-                    .unwrap();
-                open
-            })
-            .collect();
+        let TwoLayers {
+            engine,
+            mut group,
+            first,
+            last,
+            gates,
+            ..
+        } = two_layers(2, false);
         group
             .step(|s| {
                 // One backward op writes both gradients (the last layer's
@@ -551,34 +542,14 @@ fn updates_wait_for_the_backward_ops_still_to_run() {
         // the next backward op: the backward op goes first (the update is
         // needed only by the next step; the backward op makes the
         // gradients still to be reduced).
-        let (engine, devices) = engine(1, false, Tracing::On);
-        let mut group = Group::builder(&engine)
-            .devices(devices.clone())
-            .bucket_bytes(0)
-            .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
-            .build()
-            .unwrap();
-        let (first, last) = (
-            group.param(&[0.0; 3]).unwrap(),
-            group.param(&[0.0; 5]).unwrap(),
-        );
-        let gates: Vec<_> = devices
-            .iter()
-            .map(|&d| {
-                let (open, gate) = std::sync::mpsc::channel::<()>();
-                let held = engine.new_var();
-                engine
-                    .op()
-                    .on(d)
-                    .mutates(&[&held])
-                    .run(move |_| {
-                        gate.recv()?;
-                        Ok(())
-                    })
-                    .unwrap();
-                open
-            })
-            .collect();
+        let TwoLayers {
+            engine,
+            devices,
+            mut group,
+            first,
+            last,
+            gates,
+        } = two_layers(1, true);
         let dys: Vec<Var<Vec<f32>>> = devices.iter().map(|_| engine.var(Vec::new())).collect();
         group
             .step(|s| {
@@ -698,7 +669,7 @@ fn after_a_failure_clear_poison_lets_training_go_on() {
             let mut group = Group::builder(&engine)
                 .devices(devices)
                 .update(update)
-                .optimizer(|w, g| w.iter_mut().zip(g).for_each(|(w, g)| *w -= g))
+                .optimizer(sgd)
                 .build()
                 .unwrap();
             let p = group.param(&[1.0; 4]).unwrap();

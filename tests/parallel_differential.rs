@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::parallel::ring_order;
 use common::{Rng, mix, within};
 use depflow::parallel::{Group, Update};
 use depflow::{Engine, Error, Executor};
@@ -100,22 +101,6 @@ fn grad(w: &[f32], x: &[f32], seed: u64, step: usize, d: usize, p: usize) -> Vec
                 ))
         })
         .collect()
-}
-
-/// The ring's order: chunk `c` of the concatenation folds from device `c`.
-fn ring_order(buffers: &[Vec<f32>]) -> Vec<f32> {
-    let (n, len) = (buffers.len(), buffers[0].len());
-    let mut out = vec![0.0; len];
-    for c in 0..n {
-        for i in c * len / n..(c + 1) * len / n {
-            let mut acc = buffers[c][i];
-            for k in 1..n {
-                acc += buffers[(c + k) % n][i];
-            }
-            out[i] = acc;
-        }
-    }
-    out
 }
 
 /// The buckets, by the documented rule: filled from the last parameter

@@ -37,6 +37,7 @@
 
 mod data;
 mod model;
+mod settings;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -45,15 +46,9 @@ use data::{CLASSES, Data, FEATURES, Rng};
 use depflow::parallel::{Group, Overlap};
 use depflow::{Engine, Error, Executor, Tracing};
 use model::Mlp;
+use settings::{BATCH, CHECKED_FROM, HIDDEN, MIN_ACCURACY, SEED, layers, sgd};
 
-const SEED: u64 = 42;
-const BATCH: usize = 128;
-const HIDDEN: [usize; 3] = [64, 256, 256];
-const LEARNING_RATE: f32 = 0.2;
 const DEFAULT_EPOCHS: usize = 8;
-/// With this many epochs or more, the run fails below this accuracy.
-const CHECKED_FROM: usize = 5;
-const MIN_ACCURACY: f64 = 0.9;
 
 struct Run {
     losses: Vec<f32>,
@@ -98,16 +93,8 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
             gb.device(dev(format!("cpu{d}")))
         };
     }
-    let mut group = gb
-        .optimizer(|w, g| {
-            w.iter_mut()
-                .zip(g)
-                .for_each(|(w, g)| *w -= LEARNING_RATE * g)
-        })
-        .build()?;
-    let mut dims = vec![FEATURES];
-    dims.extend(HIDDEN);
-    dims.push(CLASSES);
+    let mut group = gb.optimizer(sgd).build()?;
+    let dims = layers();
     let mlp = Mlp::new(&mut group, &engine, &dims, SEED)?;
 
     let steps = data.train_y.len() / BATCH;
@@ -119,24 +106,9 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
         let mut order: Vec<usize> = (0..data.train_y.len()).collect();
         Rng(SEED + 1 + epoch as u64).shuffle(&mut order);
         let start = Instant::now();
-        group.load(data.batch(&order, 0, BATCH))?;
-        for step in 0..steps {
-            if step + 1 < steps {
-                group.load(data.batch(&order, step + 1, BATCH))?;
-            }
-            group.step(|s| mlp.step(s))?;
-        }
+        mlp.epoch(&mut group, steps, |step| data.batch(&order, step, BATCH))?;
         // The epoch's losses, once every step's have been written.
-        let mut total = 0.0;
-        for sc in &mlp.scratch {
-            let k = sc.losses.key();
-            total += engine
-                .op()
-                .reads(&[])
-                .mutates(&[&sc.losses])
-                .run(move |ctx| Ok(std::mem::take(&mut *ctx.write(k)?).iter().sum::<f32>()))?
-                .wait()?;
-        }
+        let total = mlp.take_losses(&engine)?;
         engine.wait_all().wait()?;
         elapsed += start.elapsed().as_secs_f64();
         losses.push(total / (steps * BATCH) as f32);

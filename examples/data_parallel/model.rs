@@ -192,7 +192,39 @@ impl Mlp {
         Ok(())
     }
 
-    /// Held-out accuracy of `weights` (per layer: weights, bias), on the host.
+    /// Pushes an epoch of `steps` steps on `batch(step)`, each batch loaded
+    /// (split over the devices) while the step before it runs.
+    pub fn epoch(
+        &self,
+        group: &mut Group,
+        steps: usize,
+        batch: impl Fn(usize) -> Vec<Vec<f32>>,
+    ) -> Result<(), Error> {
+        group.load(batch(0))?;
+        for step in 0..steps {
+            if step + 1 < steps {
+                group.load(batch(step + 1))?;
+            }
+            group.step(|s| self.step(s))?;
+        }
+        Ok(())
+    }
+
+    /// The sum of every device's losses since the last call, once every
+    /// step's have been written (and the devices' losses emptied).
+    pub fn take_losses(&self, engine: &Engine) -> Result<f32, Error> {
+        let mut total = 0.0;
+        for sc in &self.scratch {
+            let k = sc.losses.key();
+            total += engine
+                .op()
+                .mutates(&[&sc.losses])
+                .run(move |ctx| Ok(std::mem::take(&mut *ctx.write(k)?).iter().sum::<f32>()))?
+                .wait()?;
+        }
+        Ok(total)
+    }
+
     /// Device `d`'s replica of every parameter.
     pub fn replica(&self, group: &Group, d: usize) -> Result<Weights, Error> {
         self.params

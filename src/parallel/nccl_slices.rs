@@ -213,7 +213,7 @@ impl NcclAllReduce {
 ///
 /// # Safety
 ///
-/// As [`Issuing::all_reduce`](super::nccl::Issuing::all_reduce), with
+/// As `Issuing::all_reduce`'s (`nccl/comms.rs`), with
 /// `lane` a stream of the first device's primary context.
 unsafe fn enqueue(
     comms: &Comms,

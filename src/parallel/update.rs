@@ -22,10 +22,10 @@ use super::group::{Group, HostVars, Member, ParamVars};
 use super::ring::serial_sum_into;
 use crate::dep::{Var, VarKey};
 use crate::device::Lane;
-use crate::engine::Engine;
+use crate::engine::{Engine, OpBuilder};
 use crate::error::Error;
 
-/// Where a [`Group`](super::Group)'s optimizer runs.
+/// Where a [`Group`]'s optimizer runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Update {
     /// On every device, on its replica, after an all-reduce of the
@@ -65,18 +65,8 @@ pub(super) fn every_replica(
 ) -> Result<(), Error> {
     for (d, m) in members.iter().enumerate() {
         let (g, w) = (&p.grads[d], &p.replicas[d]);
-        let (gk, wk, opt) = (g.key(), w.key(), opt.clone());
-        engine
-            .op()
-            .name("update")
-            .priority(priority)
-            .on(m.device)
-            .reads(&[g])
-            .mutates(&[w])
-            .run(move |ctx| {
-                (opt.0)(&mut ctx.write(wk)?, &ctx.read(gk)?);
-                Ok(())
-            })?;
+        let op = engine.op().name("update").priority(priority).on(m.device);
+        push_step(op, g, w, opt)?;
     }
     Ok(())
 }
@@ -166,17 +156,12 @@ impl HostSum {
         let Some(opt) = opt else { return Ok(()) };
         for p in params {
             let (w, g) = host(p);
-            let (wk, gk, opt) = (w.key(), g.key(), opt.clone());
-            engine
-                .op()
-                .name("host update")
-                .priority(priority)
-                .reads(&[g])
-                .mutates(&[w])
-                .run(move |ctx| {
-                    (opt.0)(&mut ctx.write(wk)?, &ctx.read(gk)?);
-                    Ok(())
-                })?;
+            push_step(
+                engine.op().name("host update").priority(priority),
+                g,
+                w,
+                opt,
+            )?;
             for (d, m) in members.iter().enumerate() {
                 let r = &p.replicas[d];
                 let (src, dst) = (w.key(), r.key());
@@ -198,6 +183,22 @@ impl HostSum {
     }
 }
 
+/// Pushes `op` (named and placed by the caller) as the optimizer step of
+/// weights `w` with the summed gradient `g`.
+fn push_step<'a>(
+    op: OpBuilder<'a>,
+    g: &'a Var<Vec<f32>>,
+    w: &'a Var<Vec<f32>>,
+    opt: &Optimizer,
+) -> Result<(), Error> {
+    let (gk, wk, opt) = (g.key(), w.key(), opt.clone());
+    op.reads(&[g]).mutates(&[w]).run(move |ctx| {
+        (opt.0)(&mut ctx.write(wk)?, &ctx.read(gk)?);
+        Ok(())
+    })?;
+    Ok(())
+}
+
 /// The host's weights and gradient of `p` (it has them under
 /// [`Update::Host`]).
 fn host(p: &ParamVars) -> &HostVars {
@@ -209,7 +210,7 @@ trait ReadsEach<'a> {
     fn reads_each(self, vars: &'a [Var<Vec<f32>>]) -> Self;
 }
 
-impl<'a> ReadsEach<'a> for crate::engine::OpBuilder<'a> {
+impl<'a> ReadsEach<'a> for OpBuilder<'a> {
     fn reads_each(mut self, vars: &'a [Var<Vec<f32>>]) -> Self {
         for v in vars {
             self = self.reads(&[v]);

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use depflow::{Engine, Executor};
 
+pub mod parallel;
+
 /// Runs `f` on another thread and fails the test if it takes longer than
 /// `secs`: a hang becomes a failure, not a stuck CI job.
 pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {

@@ -25,6 +25,7 @@
 use depflow::parallel::{Group, Update, serial_sum};
 use depflow::{Communicator, Engine, Error, Executor};
 
+use super::common::parallel::backward;
 use super::{digest32, gathered};
 
 const WIDTH: usize = 12;
@@ -161,24 +162,13 @@ fn train_with(
         let (xs, ys) = rows(&x, &y, rank * share, (rank + 1) * share);
         group.load(vec![xs, ys])?;
         group.step(|s| {
-            let (x, y, wv, g) = (s.input(0), s.input(1), s.replica(w), s.grad(w));
-            let (xk, yk, wk, gk) = (x.key(), y.key(), wv.key(), g.key());
-            s.engine()
-                .op()
-                .name("backward")
-                .on(s.device())
-                .reads(&[x, y, wv])
-                .mutates(&[g])
-                .run(move |ctx| {
-                    let w = ctx.read(wk)?;
-                    let mut g = ctx.write(gk)?;
-                    gradient(&ctx.read(xk)?, &ctx.read(yk)?, &w, &mut g);
-                    if quantized {
-                        quantize(&mut g);
-                    }
-                    Ok(())
-                })?;
-            s.grad_ready(w)
+            backward(s, w, move |x, y, w, g| {
+                gradient(x, y, w, g);
+                if quantized {
+                    quantize(g);
+                }
+                Ok(())
+            })
         })?;
     }
     let weights = (0..devices)
@@ -325,24 +315,14 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
         let fail = b == 1 && rank == size - 1;
         group
             .step(|s| {
-                let (x, y, wv, g) = (s.input(0), s.input(1), s.replica(w), s.grad(w));
-                let (xk, yk, wk, gk) = (x.key(), y.key(), wv.key(), g.key());
                 let fail = fail && s.index() == 0;
-                s.engine()
-                    .op()
-                    .name("backward")
-                    .on(s.device())
-                    .reads(&[x, y, wv])
-                    .mutates(&[g])
-                    .run(move |ctx| {
-                        if fail {
-                            return Err("out of memory on this rank".into());
-                        }
-                        let w = ctx.read(wk)?;
-                        gradient(&ctx.read(xk)?, &ctx.read(yk)?, &w, &mut ctx.write(gk)?);
-                        Ok(())
-                    })?;
-                s.grad_ready(w)
+                backward(s, w, move |x, y, w, g| {
+                    if fail {
+                        return Err("out of memory on this rank".into());
+                    }
+                    gradient(x, y, w, g);
+                    Ok(())
+                })
             })
             .unwrap();
         if b == 1 {

@@ -16,9 +16,9 @@
 //! status word that some rank failed: the collective fails on every rank,
 //! naming the lowest failing rank and why.
 //!
-//! Owns the buffers MPI writes while a call is in flight; the issue order,
-//! the lock every call is made under and the progress thread are
-//! `comm.rs`'s.
+//! Owns the buffers MPI writes while a call is in flight; the issue order
+//! and the lock every call is made under are `order.rs`'s, the progress
+//! thread `progress.rs`'s.
 
 // `unsafe`: the MPI calls, and the status words and buffers MPI writes
 // while their calls are in flight; each block says why it is sound.
@@ -106,25 +106,32 @@ pub(super) trait InFlight: Send + Sync {
 /// `word` must stay valid and untouched by anyone else until the request
 /// completes; called under the state lock.
 unsafe fn issue_status(shared: &Shared, word: *mut i64) -> Result<ffi::MPI_Request, c_int> {
+    start(|request| {
+        // SAFETY: `word` points to two i64s (the caller's promise),
+        // MPI_INT64_T and MPI_MAX are predefined, `raw` is live and called
+        // under the lock.
+        unsafe {
+            ffi::MPI_Iallreduce(
+                std::ptr::without_provenance(shared.in_place),
+                word.cast::<c_void>(),
+                2,
+                ffi::RSMPI_INT64_T,
+                ffi::RSMPI_MAX,
+                shared.raw,
+                request,
+            )
+        }
+    })
+}
+
+/// Starts a non-blocking call: `call` makes it, writing its request, and
+/// returns MPI's code. `Err`: the code, when not `MPI_SUCCESS`.
+fn start(call: impl FnOnce(&mut ffi::MPI_Request) -> c_int) -> Result<ffi::MPI_Request, c_int> {
     // SAFETY: rsmpi's null request, a plain value.
     let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: `word` points to two i64s (the caller's promise), MPI_INT64_T
-    // and MPI_MAX are predefined, `raw` is live and called under the lock.
-    let rc = unsafe {
-        ffi::MPI_Iallreduce(
-            std::ptr::without_provenance(shared.in_place),
-            word.cast::<c_void>(),
-            2,
-            ffi::RSMPI_INT64_T,
-            ffi::RSMPI_MAX,
-            shared.raw,
-            &mut request,
-        )
-    };
-    if rc == ffi::MPI_SUCCESS as c_int {
-        Ok(request)
-    } else {
-        Err(rc)
+    match call(&mut request) {
+        rc if rc == ffi::MPI_SUCCESS as c_int => Ok(request),
+        rc => Err(rc),
     }
 }
 
@@ -143,41 +150,36 @@ unsafe fn issue_data(
     datatype: ffi::MPI_Datatype,
 ) -> Result<ffi::MPI_Request, c_int> {
     let count = c_int::try_from(len).map_err(|_| MPI_ERR_COUNT)?;
-    // SAFETY: rsmpi's null request, a plain value.
-    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: the caller's promise on `ptr`; `raw` is a live communicator,
-    // called under the state lock.
-    let rc = unsafe {
-        match what {
-            Collective::AllReduce(op) => ffi::MPI_Iallreduce(
-                std::ptr::without_provenance(shared.in_place),
-                ptr,
-                count,
-                datatype,
-                op.raw(),
-                shared.raw,
-                &mut request,
-            ),
-            Collective::Broadcast { root } => {
-                ffi::MPI_Ibcast(ptr, count, datatype, root, shared.raw, &mut request)
+    start(|request| {
+        // SAFETY: the caller's promise on `ptr`; `raw` is a live
+        // communicator, called under the state lock.
+        unsafe {
+            match what {
+                Collective::AllReduce(op) => ffi::MPI_Iallreduce(
+                    std::ptr::without_provenance(shared.in_place),
+                    ptr,
+                    count,
+                    datatype,
+                    op.raw(),
+                    shared.raw,
+                    request,
+                ),
+                Collective::Broadcast { root } => {
+                    ffi::MPI_Ibcast(ptr, count, datatype, root, shared.raw, request)
+                }
+                Collective::AllGather => ffi::MPI_Iallgather(
+                    std::ptr::without_provenance(shared.in_place),
+                    0,
+                    datatype,
+                    ptr,
+                    count / size.max(1) as c_int,
+                    datatype,
+                    shared.raw,
+                    request,
+                ),
             }
-            Collective::AllGather => ffi::MPI_Iallgather(
-                std::ptr::without_provenance(shared.in_place),
-                0,
-                datatype,
-                ptr,
-                count / size.max(1) as c_int,
-                datatype,
-                shared.raw,
-                &mut request,
-            ),
         }
-    };
-    if rc == ffi::MPI_SUCCESS as c_int {
-        Ok(request)
-    } else {
-        Err(rc)
-    }
+    })
 }
 
 /// `MPI_ERR_COUNT`, for a buffer longer than MPI's `int` counts.

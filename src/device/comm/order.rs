@@ -1,0 +1,376 @@
+//! The issue order of a communicator's collectives, and the state every
+//! MPI call of the backend is made under ([`Shared`], its lock).
+//!
+//! **Issue order.** MPI requires every rank to issue the collectives of a
+//! communicator in the same order. Each collective takes a ticket when it
+//! is pushed (push order, which is the program's order when one thread
+//! pushes them, as it must); its submission is held until every earlier
+//! ticket was issued, so requests are issued in ticket order whatever
+//! order the ops become ready in. Collectives still overlap each other and
+//! computation: only the issue is ordered.
+//!
+//! **A failure on one rank.** A ticket dropped unsubmitted (its op skipped
+//! on a poisoned or deleted input, cancelled, or refusing the collective in
+//! its body) still takes its place: a *stand-in* issues the status word
+//! saying this rank failed and why, and, once it came back, the data call
+//! on a zeroed buffer of the other ranks' length (`calls.rs`). Nothing
+//! later is issued on this rank until then. Every collective's status word
+//! comes back as the maximum over the ranks, so every rank learns that
+//! some rank failed, and its collective fails (poisoning its outputs) with
+//! a message naming the lowest failing rank: a failure propagates to every
+//! rank instead of leaving the others waiting forever in their calls, and
+//! the ranks stay in step for the collectives after it.
+//!
+//! Owns the line of tickets and what is in flight (the requests, and the
+//! collective and part each is); `comm.rs` takes tickets and submits,
+//! `progress.rs` tests the requests and calls back in here when a
+//! stand-in's status word is back, `calls.rs` makes the calls.
+
+// `unsafe`: the communicator's handle is sent between threads; the impls
+// say why that is sound.
+#![allow(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use mpi::ffi;
+
+use super::calls::{InFlight, Part, Reason, Spec};
+use super::library::error_string;
+use crate::loom::sync::{Condvar, Mutex, MutexGuard};
+
+/// A communicator's state, shared by its submitters and its progress
+/// thread.
+pub(super) struct Shared {
+    pub(super) raw: ffi::MPI_Comm,
+    /// `MPI_IN_PLACE` of this MPI library (a macro, absent from rsmpi).
+    pub(super) in_place: usize,
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    pub(super) next_ticket: AtomicU64,
+    pub(super) state: Mutex<State>,
+    pub(super) cv: Condvar,
+}
+
+// SAFETY: `raw` is an MPI handle (a pointer in Open MPI) used only under
+// the state lock, or by the progress thread after the last submitter left.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+/// One ticket's place in the issue order.
+pub(super) enum Slot {
+    /// Not submitted yet.
+    Open,
+    /// Failed unissued (shut down): issues nothing.
+    Void,
+    /// Submitted: a rank's own buffer, or a stand-in for a failed one.
+    Submitted(Arc<dyn InFlight>),
+}
+
+pub(super) struct State {
+    /// The ticket issued next; `waiting[i]` is ticket `next_issue + i`.
+    pub(super) next_issue: u64,
+    pub(super) waiting: VecDeque<Slot>,
+    /// Outstanding requests and the part of which collective each is,
+    /// index for index.
+    pub(super) requests: Vec<ffi::MPI_Request>,
+    pub(super) in_flight: Vec<(Arc<dyn InFlight>, Part)>,
+    /// A stand-in's status word is in flight: nothing is issued until it
+    /// comes back and the stand-in's data call is issued.
+    pub(super) held: bool,
+    /// Requests issued so far (the progress thread starts spinning again
+    /// when it changes).
+    pub(super) issued: u64,
+    /// Why nothing more is issued (shut down, or MPI broken).
+    pub(super) closed: Option<&'static str>,
+}
+
+/// What failed without reaching MPI (or whose part MPI refused), to be
+/// completed outside the state lock.
+pub(super) type Failed = Vec<(Arc<dyn InFlight>, Part, String)>;
+
+/// Held by an op between its push and its submission; dropping it
+/// unsubmitted issues a stand-in in its place (this rank failed).
+pub(crate) struct Ticket {
+    pub(super) shared: Arc<Shared>,
+    pub(super) n: u64,
+    pub(super) spec: Spec,
+    /// Why the stand-in stands in, if dropped unsubmitted.
+    pub(super) reason: Reason,
+    pub(super) used: bool,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket").field("n", &self.n).finish()
+    }
+}
+
+impl Ticket {
+    /// Gives the place up because the op refused the collective before
+    /// submitting: a stand-in takes part, saying so.
+    pub(crate) fn refuse(mut self) {
+        self.reason = Reason::Refused;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.used {
+            let s = &self.shared;
+            let stand_in = Arc::new(self.spec.stand_in(s.rank, s.size, self.reason));
+            let failed = s.fill(self.n, Slot::Submitted(stand_in));
+            finish(failed);
+        }
+    }
+}
+
+/// Completes what failed outside the state lock (a waker may run its op
+/// right here, and that op may submit).
+pub(super) fn finish(failed: Failed) {
+    for (p, part, message) in failed {
+        p.done(part, Err(message), false);
+    }
+}
+
+impl Shared {
+    /// The state of communicator `raw`, nothing issued yet.
+    pub(super) fn new(raw: ffi::MPI_Comm, in_place: usize, rank: usize, size: usize) -> Self {
+        Self {
+            raw,
+            in_place,
+            rank,
+            size,
+            next_ticket: AtomicU64::new(0),
+            state: Mutex::new(State {
+                next_issue: 0,
+                waiting: VecDeque::new(),
+                requests: Vec::new(),
+                in_flight: Vec::new(),
+                held: false,
+                issued: 0,
+                closed: None,
+            }),
+            cv: Condvar::default(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    /// Puts `slot` at ticket `n` and issues what is now first in line;
+    /// returns what failed, to complete unlocked.
+    pub(super) fn fill(&self, n: u64, slot: Slot) -> Failed {
+        let mut failed = Vec::new();
+        let mut st = self.lock();
+        let i = (n - st.next_issue) as usize;
+        while st.waiting.len() <= i {
+            st.waiting.push_back(Slot::Open);
+        }
+        st.waiting[i] = slot;
+        let before = st.issued;
+        self.issue_ready(&mut st, &mut failed);
+        let issued = st.issued != before;
+        drop(st);
+        if issued {
+            self.cv.notify_one();
+        }
+        failed
+    }
+
+    /// Issues the submitted collectives at the front of the line, in
+    /// ticket order, until an open ticket or a stand-in's status word in
+    /// flight; what fails goes to `failed`.
+    pub(super) fn issue_ready(&self, st: &mut State, failed: &mut Failed) {
+        while !st.held && matches!(st.waiting.front(), Some(Slot::Submitted(_) | Slot::Void)) {
+            let Some(Slot::Submitted(p)) = st.waiting.pop_front() else {
+                st.next_issue += 1;
+                continue;
+            };
+            st.next_issue += 1;
+            if let Some(why) = st.closed {
+                // On every rank alike (a shutdown at the same point of the
+                // program): nothing is issued.
+                failed.push((p.clone(), Part::Status, why.to_string()));
+                failed.push((p, Part::Data, why.to_string()));
+                continue;
+            }
+            match p.issue(self, Part::Status) {
+                Ok(request) => st.push(request, p.clone(), Part::Status),
+                Err(rc) => {
+                    // MPI refused a status word of two i64s: refused alike
+                    // on every rank, so none issues the data call either.
+                    let m = error_string(rc);
+                    failed.push((p.clone(), Part::Status, m.clone()));
+                    failed.push((p, Part::Data, m));
+                    continue;
+                }
+            }
+            if p.data_after_status() {
+                st.held = true;
+            } else {
+                self.issue_data(st, p, failed);
+            }
+        }
+    }
+
+    /// A stand-in's status word came back (`ok`: without an error): its
+    /// data call goes out now (even if shut down since: the other ranks
+    /// wait for it), then the line behind it.
+    pub(super) fn status_back(
+        &self,
+        st: &mut State,
+        p: &Arc<dyn InFlight>,
+        ok: bool,
+        failed: &mut Failed,
+    ) {
+        st.held = false;
+        if ok {
+            self.issue_data(st, p.clone(), failed);
+        }
+        self.issue_ready(st, failed);
+    }
+
+    fn issue_data(&self, st: &mut State, p: Arc<dyn InFlight>, failed: &mut Failed) {
+        match p.issue(self, Part::Data) {
+            Ok(request) => st.push(request, p, Part::Data),
+            Err(rc) => failed.push((p, Part::Data, error_string(rc))),
+        }
+    }
+}
+
+impl State {
+    fn push(&mut self, request: ffi::MPI_Request, p: Arc<dyn InFlight>, part: Part) {
+        self.requests.push(request);
+        self.in_flight.push((p, part));
+        self.issued += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::c_int;
+    use std::sync::Mutex as StdMutex;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use super::*;
+
+    type Log = Arc<StdMutex<Vec<(u32, Part)>>>;
+
+    /// Records the order its parts are issued in; MPI is never called.
+    struct Fake {
+        id: u32,
+        stand_in: bool,
+        log: Log,
+        outcomes: StdMutex<Vec<(Part, Result<(), String>)>>,
+    }
+
+    impl InFlight for Fake {
+        fn issue(&self, _: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int> {
+            self.log.lock().unwrap().push((self.id, part));
+            // SAFETY: rsmpi's null request, a plain value.
+            Ok(unsafe { ffi::RSMPI_REQUEST_NULL })
+        }
+        fn done(&self, part: Part, outcome: Result<(), String>, _: bool) {
+            self.outcomes.lock().unwrap().push((part, outcome));
+        }
+        fn data_after_status(&self) -> bool {
+            self.stand_in
+        }
+    }
+
+    fn shared() -> Arc<Shared> {
+        // SAFETY: rsmpi's null communicator, a plain value (unused).
+        Arc::new(Shared::new(unsafe { ffi::RSMPI_COMM_NULL }, 1, 0, 2))
+    }
+
+    /// A ticket's place, filled by hand (a dropped `Ticket` would make a
+    /// real stand-in, which calls MPI).
+    fn place(shared: &Arc<Shared>) -> u64 {
+        shared.next_ticket.fetch_add(1, Relaxed)
+    }
+
+    fn fake(id: u32, stand_in: bool, log: &Log) -> Arc<Fake> {
+        Arc::new(Fake {
+            id,
+            stand_in,
+            log: log.clone(),
+            outcomes: StdMutex::new(Vec::new()),
+        })
+    }
+
+    fn submit(s: &Shared, n: u64, f: &Arc<Fake>) {
+        finish(s.fill(n, Slot::Submitted(f.clone())));
+    }
+
+    use Part::{Data, Status};
+
+    /// The issue log of collectives `ids` issued one after the other, each
+    /// its status word first.
+    fn status_then_data(ids: &[u32]) -> Vec<(u32, Part)> {
+        ids.iter()
+            .flat_map(|&id| [(id, Status), (id, Data)])
+            .collect()
+    }
+
+    #[test]
+    fn collectives_are_issued_in_ticket_order_status_word_first() {
+        let s = shared();
+        let log = Log::default();
+        let (t0, t1, t2) = (place(&s), place(&s), place(&s));
+        let (f0, f1, f2) = (
+            fake(0, false, &log),
+            fake(1, false, &log),
+            fake(2, false, &log),
+        );
+        submit(&s, t2, &f2);
+        submit(&s, t1, &f1);
+        assert!(log.lock().unwrap().is_empty(), "issued before ticket 0");
+        submit(&s, t0, &f0);
+        assert_eq!(*log.lock().unwrap(), status_then_data(&[0, 1, 2]));
+        let st = s.lock();
+        assert_eq!((st.next_issue, st.requests.len(), st.issued), (3, 6, 6));
+        assert!(st.waiting.is_empty() && !st.held);
+    }
+
+    #[test]
+    fn a_stand_in_holds_the_line_until_its_status_word_is_back() {
+        let s = shared();
+        let log = Log::default();
+        let (t0, t1, t2) = (place(&s), place(&s), place(&s));
+        let (f1, f2) = (fake(1, false, &log), fake(2, false, &log));
+        let stand_in = fake(0, true, &log);
+        submit(&s, t1, &f1);
+        submit(&s, t0, &stand_in); // its op failed: a stand-in takes part
+        assert_eq!(*log.lock().unwrap(), [(0, Status)]);
+        submit(&s, t2, &f2);
+        assert_eq!(log.lock().unwrap().len(), 1, "issued past a held line");
+        // What the progress thread does when the status word comes back.
+        let mut failed = Vec::new();
+        let p: Arc<dyn InFlight> = stand_in.clone();
+        s.status_back(&mut s.lock(), &p, true, &mut failed);
+        assert!(failed.is_empty());
+        assert_eq!(*log.lock().unwrap(), status_then_data(&[0, 1, 2]));
+        assert!(!s.lock().held);
+    }
+
+    #[test]
+    fn after_closing_submissions_fail_without_being_issued() {
+        let s = shared();
+        let log = Log::default();
+        let (t0, t1) = (place(&s), place(&s));
+        let f1 = fake(1, false, &log);
+        submit(&s, t1, &f1); // waits for ticket 0
+        s.lock().closed = Some("closed");
+        submit(&s, t0, &fake(0, true, &log));
+        assert!(log.lock().unwrap().is_empty());
+        let closed = Err("closed".to_string());
+        assert_eq!(
+            *f1.outcomes.lock().unwrap(),
+            [(Status, closed.clone()), (Data, closed)]
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! A communicator's progress thread: it tests the outstanding requests,
+//! completes those done, issues a stand-in's data call once its status
+//! word came back (`order.rs`), and frees the communicator once closed
+//! with nothing in flight.
+//!
+//! **Progress.** Open MPI's non-blocking collectives progress only inside
+//! MPI calls, so while anything is in flight the thread keeps testing: it
+//! spins for [`SPIN_ROUNDS`] rounds without a completion, then yields for
+//! [`YIELD_ROUNDS`], then sleeps between rounds, from [`NAP_MIN`] doubling
+//! up to [`NAP_MAX`]; a completion or a newly issued request starts it
+//! spinning again (an issue wakes a sleeping thread). With nothing in
+//! flight it waits on a condition variable, using no CPU.
+//!
+//! Owns the thread's round (testing under the state lock, completing
+//! outside it) and its back-off ([`Backoff`]); the requests and what they
+//! belong to are `order.rs`'s state.
+
+// `unsafe`: `MPI_Testsome` on the requests in flight, freeing the
+// communicator; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::ffi::c_int;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mpi::ffi;
+
+use super::calls::{InFlight, Part};
+use super::library::error_string;
+use super::order::{Failed, Shared};
+
+/// Rounds of `MPI_Testsome` without a completion spent spinning, then
+/// yielding between rounds, before the progress thread naps.
+const SPIN_ROUNDS: u32 = 256;
+/// Rounds spent yielding after the spinning ones.
+const YIELD_ROUNDS: u32 = 256;
+/// The first nap between rounds; each next one is twice as long, up to
+/// [`NAP_MAX`].
+const NAP_MIN: Duration = Duration::from_micros(10);
+/// The longest nap between two rounds of testing.
+const NAP_MAX: Duration = Duration::from_micros(200);
+
+/// How long the progress thread waits before its next round of testing:
+/// spin, then yield, then naps growing to [`NAP_MAX`] (see the module
+/// docs). `reset` when something completed or was issued.
+#[derive(Debug, Default)]
+struct Backoff {
+    idle: u32,
+    nap: Duration,
+}
+
+/// What the progress thread does before its next round.
+#[derive(Debug, PartialEq, Eq)]
+enum Pause {
+    Spin,
+    Yield,
+    Nap(Duration),
+}
+
+impl Backoff {
+    fn reset(&mut self) {
+        self.idle = 0;
+        self.nap = Duration::ZERO;
+    }
+
+    /// A round completed nothing: what to do before the next one.
+    fn next(&mut self) -> Pause {
+        self.idle = self.idle.saturating_add(1);
+        if self.idle <= SPIN_ROUNDS {
+            Pause::Spin
+        } else if self.idle <= SPIN_ROUNDS + YIELD_ROUNDS {
+            Pause::Yield
+        } else {
+            self.nap = (self.nap * 2).clamp(NAP_MIN, NAP_MAX);
+            Pause::Nap(self.nap)
+        }
+    }
+}
+
+/// The progress thread: tests the outstanding requests, completes those
+/// done, issues a stand-in's data call once its status word came back,
+/// and frees the communicator once closed with nothing in flight.
+pub(super) fn progress(shared: &Shared) {
+    let mut indices: Vec<c_int> = Vec::new();
+    let mut statuses: Vec<ffi::MPI_Status> = Vec::new();
+    // What completed this round: the collective, its part, its outcome,
+    // whether its buffer must be leaked.
+    type Done = (Arc<dyn InFlight>, Part, Result<(), String>, bool);
+    let mut done: Vec<Done> = Vec::new();
+    let mut failed: Failed = Vec::new();
+    let mut hit: Vec<(usize, c_int)> = Vec::new();
+    let mut backoff = Backoff::default();
+    let mut seen = 0u64; // requests issued as of the last round
+    let mut pause = Pause::Spin;
+    loop {
+        let mut st = shared.lock();
+        if let Pause::Nap(nap) = pause {
+            // Woken early by an issue (`fill` notifies).
+            if st.issued == seen && !st.requests.is_empty() {
+                st = shared.cv.wait_timeout(st, nap).0;
+            }
+        }
+        while st.requests.is_empty() {
+            if st.closed.is_some() {
+                drop(st);
+                free(shared.raw);
+                return;
+            }
+            st = shared.cv.wait(st);
+        }
+        if st.issued != seen {
+            seen = st.issued;
+            backoff.reset();
+        }
+        let n = st.requests.len();
+        indices.resize(n, 0);
+        // SAFETY: MPI_Status is plain data; zero is a valid value.
+        statuses.resize(n, unsafe { std::mem::zeroed() });
+        let mut outcount: c_int = 0;
+        // SAFETY: the arrays hold `n` elements each, as MPI_Testsome needs;
+        // every request is an outstanding one of `raw`, called under the
+        // state lock.
+        let rc = unsafe {
+            ffi::MPI_Testsome(
+                n as c_int,
+                st.requests.as_mut_ptr(),
+                &mut outcount,
+                indices.as_mut_ptr(),
+                statuses.as_mut_ptr(),
+            )
+        };
+        let in_status = rc == ffi::MPI_ERR_IN_STATUS as c_int;
+        if rc != ffi::MPI_SUCCESS as c_int && !in_status {
+            // The requests' state is unknown: fail them all, keep their
+            // buffers from being freed, issue nothing more.
+            let message = format!("MPI_Testsome failed: {}", error_string(rc));
+            st.requests.clear();
+            st.held = false;
+            st.closed = Some("MPI_Testsome failed: the communicator is unusable");
+            done.extend(
+                st.in_flight
+                    .drain(..)
+                    .map(|(p, part)| (p, part, Err(message.clone()), true)),
+            );
+            shared.issue_ready(&mut st, &mut failed);
+        } else if outcount > 0 {
+            // (MPI_UNDEFINED, negative, only when no request is active.)
+            let k = outcount as usize;
+            hit.extend((0..k).map(|j| (indices[j] as usize, statuses[j].MPI_ERROR)));
+            // From the last index down, so that `swap_remove` keeps the
+            // others' indices.
+            hit.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
+            for (i, err) in hit.drain(..) {
+                st.requests.swap_remove(i);
+                let (p, part) = st.in_flight.swap_remove(i);
+                let outcome = if in_status && err != ffi::MPI_SUCCESS as c_int {
+                    Err(error_string(err))
+                } else {
+                    Ok(())
+                };
+                if part == Part::Status && p.data_after_status() {
+                    shared.status_back(&mut st, &p, outcome.is_ok(), &mut failed);
+                }
+                done.push((p, part, outcome, false));
+            }
+        }
+        drop(st);
+        if done.is_empty() && failed.is_empty() {
+            pause = backoff.next();
+            match pause {
+                Pause::Spin => std::hint::spin_loop(),
+                Pause::Yield => std::thread::yield_now(),
+                Pause::Nap(_) => {} // at the top, under the lock
+            }
+        } else {
+            backoff.reset();
+            pause = Pause::Spin;
+            for (p, part, outcome, leak) in done.drain(..) {
+                p.done(part, outcome, leak);
+            }
+            for (p, part, message) in failed.drain(..) {
+                p.done(part, Err(message), false);
+            }
+        }
+    }
+}
+
+/// Frees the duplicated communicator, unless MPI was finalised already.
+fn free(mut raw: ffi::MPI_Comm) {
+    let mut finalized: c_int = 0;
+    // SAFETY: MPI_Finalized may be called at any time; MPI_Comm_free on
+    // the communicator this module duplicated, with no request left on it.
+    unsafe {
+        ffi::MPI_Finalized(&mut finalized);
+        if finalized == 0 {
+            ffi::MPI_Comm_free(&mut raw);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_progress_thread_spins_then_yields_then_naps_longer_up_to_a_bound() {
+        let mut b = Backoff::default();
+        let pauses: Vec<Pause> = (0..SPIN_ROUNDS + YIELD_ROUNDS + 8)
+            .map(|_| b.next())
+            .collect();
+        assert!(
+            pauses[..SPIN_ROUNDS as usize]
+                .iter()
+                .all(|p| *p == Pause::Spin)
+        );
+        let yields = &pauses[SPIN_ROUNDS as usize..(SPIN_ROUNDS + YIELD_ROUNDS) as usize];
+        assert!(yields.iter().all(|p| *p == Pause::Yield));
+        let naps = &pauses[(SPIN_ROUNDS + YIELD_ROUNDS) as usize..];
+        assert_eq!(naps[0], Pause::Nap(NAP_MIN));
+        assert_eq!(naps[1], Pause::Nap(NAP_MIN * 2));
+        assert_eq!(naps[7], Pause::Nap(NAP_MAX));
+        b.reset();
+        assert_eq!(b.next(), Pause::Spin);
+    }
+}
