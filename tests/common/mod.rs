@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod held;
+pub mod parallel;
 pub mod streams;
 #[cfg(feature = "tokio")]
 pub mod tokio_io;
@@ -13,8 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use depflow::{Engine, Executor};
-
-pub mod parallel;
 
 /// Runs `f` on another thread and fails the test if it takes longer than
 /// `secs`: a hang becomes a failure, not a stuck CI job.
