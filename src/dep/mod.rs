@@ -51,7 +51,7 @@ pub(crate) mod testing;
 mod units;
 mod var;
 
-pub(crate) use self::block::{Edges, Mode, OpBlock, OpSpec, Runner};
+pub(crate) use self::block::{Mode, OpBlock, OpSpec, Runner};
 pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub(crate) use self::buffer::Arena;
 pub use self::buffer::{Buffer, Element};

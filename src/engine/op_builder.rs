@@ -11,8 +11,7 @@ use super::handle::{OpHandle, block_outside_ops};
 use super::shared::Shared;
 use crate::core::few::Few;
 use crate::dep::{
-    AnyVar, AsyncBody, Body, Device, Edges, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges,
-    in_op_of,
+    AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges, in_op_of,
 };
 use crate::device::Lane;
 use crate::error::{BoxError, Error};
@@ -347,7 +346,19 @@ impl<'a> OpBuilder<'a> {
             r.merge_lasting();
         }
         let lane = self.opts.lane_index(shared, device, B::SYNC)?;
-        engine.push_spec(self.opts.into_spec(edges, device, lane), body)
+        engine.push_spec(
+            OpSpec {
+                edges,
+                units: self.opts.units,
+                name: self.opts.name,
+                device_index: device,
+                lane,
+                priority: self.opts.priority,
+                mode: Mode::Normal,
+                generation: 0,
+            },
+            body,
+        )
     }
 
     /// Declares the op's variables as typed accesses, [`read`](crate::read)
@@ -537,21 +548,6 @@ impl OpOptions {
                 requested,
                 capacity: resource.capacity(),
             }),
-        }
-    }
-
-    /// The op's spec, once its edges, device and lane are checked.
-    #[inline]
-    pub(super) fn into_spec(self, edges: Edges, device_index: u16, lane: Option<u8>) -> OpSpec {
-        OpSpec {
-            edges,
-            units: self.units,
-            name: self.name,
-            device_index,
-            lane,
-            priority: self.priority,
-            mode: Mode::Normal,
-            generation: 0,
         }
     }
 }

@@ -537,7 +537,16 @@ impl<'r> RecordOp<'r, '_> {
             shared.id,
             recorder.recording.graph,
         )?;
-        let spec = self.opts.into_spec(edges, device, lane);
+        let spec = OpSpec {
+            edges,
+            units: self.opts.units,
+            name: self.opts.name,
+            device_index: device,
+            lane,
+            priority: self.opts.priority,
+            mode: Mode::Normal,
+            generation: 0,
+        };
         recorder.recording.check_device_buffers(&spec)?;
         let vars: Vec<&dyn AnyVar> = self.mutates.iter().chain(&self.reads).copied().collect();
         recorder.recording.push(spec, Box::new(f), &vars);
