@@ -113,17 +113,9 @@ fn two_requests_race_for_the_last_unit() {
         let world = World::new(&[1], 2);
         let other = thread::spawn({
             let world = world.clone();
-            move || {
-                world.run(
-                    world.broker.request(req(1, &[(0, 1, false, 1)])),
-                    &give_back,
-                )
-            }
+            move || world.request(req(1, &[(0, 1, false, 1)]), &give_back)
         });
-        world.run(
-            world.broker.request(req(0, &[(0, 1, false, 0)])),
-            &give_back,
-        );
+        world.request(req(0, &[(0, 1, false, 0)]), &give_back);
         other.join().unwrap();
         assert_eq!((world.ran(0), world.ran(1)), (1, 1));
         assert_eq!(world.broker.pools()[0].free, 1);
@@ -137,10 +129,7 @@ fn release_races_a_new_request() {
     loom::model(|| {
         let world = World::new(&[2], 2);
         // Request 0 holds both units.
-        world.run(
-            world.broker.request(req(0, &[(0, 2, false, 0)])),
-            &|_, _| {},
-        );
+        world.request(req(0, &[(0, 2, false, 0)]), &|_, _| {});
         let releaser = thread::spawn({
             let world = world.clone();
             // Whichever thread grants request 1 runs it; it keeps its unit.
@@ -167,22 +156,14 @@ fn all_or_nothing_over_two_pools() {
             let world = world.clone();
             move || {
                 let r = req(0, &[(0, 1, false, 0), (1, 1, false, 0)]);
-                world.run(world.broker.request(r), &give_back)
+                world.request(r, &give_back)
             }
         });
         let p = thread::spawn({
             let world = world.clone();
-            move || {
-                world.run(
-                    world.broker.request(req(1, &[(0, 1, false, 1)])),
-                    &give_back,
-                )
-            }
+            move || world.request(req(1, &[(0, 1, false, 1)]), &give_back)
         });
-        world.run(
-            world.broker.request(req(2, &[(1, 1, false, 1)])),
-            &give_back,
-        );
+        world.request(req(2, &[(1, 1, false, 1)]), &give_back);
         both.join().unwrap();
         p.join().unwrap();
         assert_eq!((world.ran(0), world.ran(1), world.ran(2)), (1, 1, 1));

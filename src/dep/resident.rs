@@ -108,6 +108,10 @@ impl Resident {
     ///
     /// The task is woken ([`wake`](Self::wake)) only while `driver` and
     /// `host` are alive.
+    ///
+    /// Inline: its one caller (`graph::run::Runtime::new`) builds a
+    /// graph's tasks in a loop, and `spec` is large to pass by value.
+    #[inline]
     pub(crate) unsafe fn spawn<H: Host, D: Driver>(
         spec: OpSpec,
         host: &H,

@@ -8,6 +8,7 @@ use std::future::Future;
 
 use super::Engine;
 use super::handle::{OpHandle, block_outside_ops};
+use super::shared::Shared;
 use crate::core::few::Few;
 use crate::dep::{
     AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges, in_op_of,
@@ -45,15 +46,9 @@ pub struct OpBuilder<'a> {
     /// so that the caller's slices need not outlive the statement.
     reads: Few<&'a dyn AnyVar>,
     mutates: Few<&'a dyn AnyVar>,
-    name: Option<Cow<'static, str>>,
-    priority: i32,
-    device: Option<Device>,
-    lane: Option<Lane>,
-    units: Option<Box<OpUnits>>,
-    /// The variable of each lasting demand in `units`, in order.
+    opts: OpOptions,
+    /// The variable of each lasting demand in `opts.units`, in order.
     allocations: Vec<&'a dyn AnyVar>,
-    /// The first bad resource declaration, reported by `run`.
-    invalid: Option<Error>,
 }
 
 impl std::fmt::Debug for OpBuilder<'_> {
@@ -61,12 +56,12 @@ impl std::fmt::Debug for OpBuilder<'_> {
         f.debug_struct("OpBuilder")
             .field("reads", &self.reads)
             .field("mutates", &self.mutates)
-            .field("name", &self.name)
-            .field("priority", &self.priority)
-            .field("device", &self.device)
+            .field("name", &self.opts.name)
+            .field("priority", &self.opts.priority)
+            .field("device", &self.opts.device)
             .field(
                 "resources",
-                &self.units.as_ref().map(|u| {
+                &self.opts.units.as_ref().map(|u| {
                     u.demands()
                         .map(|(r, d)| (r.name(), d.amount))
                         .collect::<Vec<_>>()
@@ -83,13 +78,8 @@ impl<'a> OpBuilder<'a> {
             engine,
             reads: Few::default(),
             mutates: Few::default(),
-            name: None,
-            priority: 0,
-            device: None,
-            lane: None,
-            units: None,
+            opts: OpOptions::default(),
             allocations: Vec::new(),
-            invalid: None,
         }
     }
 
@@ -127,7 +117,7 @@ impl<'a> OpBuilder<'a> {
     /// A name for errors and `Debug` output.
     #[inline]
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.name = Some(name.into());
+        self.opts.name = Some(name.into());
         self
     }
 
@@ -168,14 +158,14 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn priority(mut self, priority: i32) -> Self {
-        self.priority = priority;
+        self.opts.priority = priority;
         self
     }
 
     /// The device to run on (default: the engine's default device).
     #[inline]
     pub fn on(mut self, device: Device) -> Self {
-        self.device = Some(device);
+        self.opts.device = Some(device);
         self
     }
 
@@ -204,7 +194,7 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn lane(mut self, lane: Lane) -> Self {
-        self.lane = Some(lane);
+        self.opts.lane = Some(lane);
         self
     }
 
@@ -266,15 +256,10 @@ impl<'a> OpBuilder<'a> {
         self
     }
 
+    #[inline]
     fn add_units(&mut self, resource: &Resource, units: u64, allocation: Option<usize>) {
-        if resource.engine() != self.engine.shared().id {
-            self.invalid
-                .get_or_insert(Error::ForeignResource(resource.name().to_string()));
-        } else if units > 0 {
-            self.units
-                .get_or_insert_with(Box::default)
-                .add(resource, units, allocation);
-        }
+        let engine = self.engine.shared().id;
+        self.opts.add_units(engine, resource, units, allocation);
     }
 
     /// Waits for room under the engine's bound on ops in flight
@@ -310,38 +295,6 @@ impl<'a> OpBuilder<'a> {
         }
     }
 
-    /// The op's lane on a stream device (None elsewhere).
-    #[inline]
-    fn lane_index<B: Body>(&self, device: u16) -> Result<Option<u8>, Error> {
-        let shared = self.engine.shared();
-        if self.lane.is_none() && !shared.has_streams() {
-            return Ok(None); // the common case, one load
-        }
-        let lane = self.lane.unwrap_or_default();
-        match shared.stream_device(device) {
-            None if self.lane.is_some() => Err(Error::Stream(format!(
-                "{lane:?} given for an op on a device without streams"
-            ))),
-            None => Ok(None),
-            Some(_) if !B::SYNC => Err(Error::Stream(
-                "an op on a stream device has a synchronous body (it enqueues work)".into(),
-            )),
-            Some(stream_device) => stream_device
-                .lane(lane)
-                .map(Some)
-                .ok_or_else(|| Error::Stream(format!("the device has no lane {lane:?}"))),
-        }
-    }
-
-    #[inline]
-    fn device_index(&self) -> Result<u16, Error> {
-        match self.device {
-            None => Ok(0),
-            Some(d) if d.engine == self.engine.shared().id => Ok(d.index),
-            Some(_) => Err(Error::Config("the device belongs to another engine".into())),
-        }
-    }
-
     /// Pushes the op with a synchronous body; see [`Engine::push`].
     ///
     /// # Errors
@@ -373,23 +326,14 @@ impl<'a> OpBuilder<'a> {
     #[inline]
     fn push<B: Body>(mut self, body: B) -> Result<OpHandle<B::Output>, Error> {
         let engine = self.engine;
-        let device = self.device_index()?;
-        if let Some(e) = self.invalid {
+        let shared = engine.shared();
+        let device = self.opts.device_index(shared)?;
+        if let Some(e) = self.opts.invalid.take() {
             return Err(e);
         }
-        let edges = edges(
-            self.reads.as_slice(),
-            self.mutates.as_slice(),
-            engine.shared().id,
-        )?;
-        if let Some(r) = &mut self.units {
-            if let Some((resource, requested)) = r.over_capacity() {
-                return Err(Error::OverCapacity {
-                    resource: resource.name().to_string(),
-                    requested,
-                    capacity: resource.capacity(),
-                });
-            }
+        let edges = edges(self.reads.as_slice(), self.mutates.as_slice(), shared.id)?;
+        self.opts.check_capacity()?;
+        if let Some(r) = &mut self.opts.units {
             // Point each allocation at its output's edge, merging repeats.
             for l in &mut r.lasting {
                 let var = self.allocations[l.edge].core();
@@ -401,15 +345,15 @@ impl<'a> OpBuilder<'a> {
             }
             r.merge_lasting();
         }
-        let lane = self.lane_index::<B>(device)?;
+        let lane = self.opts.lane_index(shared, device, B::SYNC)?;
         engine.push_spec(
             OpSpec {
                 edges,
-                units: self.units,
-                name: self.name,
+                units: self.opts.units,
+                name: self.opts.name,
                 device_index: device,
                 lane,
-                priority: self.priority,
+                priority: self.opts.priority,
                 mode: Mode::Normal,
                 generation: 0,
             },
@@ -518,3 +462,92 @@ impl<'a> Future for WhenRoom<'a> {
 
 // An `OpBuilder` holds only shared references and owned data.
 impl Unpin for WhenRoom<'_> {}
+
+/// What an op declares besides its variables and body: collected alike by
+/// [`OpBuilder`] and [`RecordOp`](crate::RecordOp), and checked alike by
+/// their `run` (each in its own order).
+#[derive(Default)]
+pub(super) struct OpOptions {
+    pub(super) name: Option<Cow<'static, str>>,
+    pub(super) priority: i32,
+    pub(super) device: Option<Device>,
+    pub(super) lane: Option<Lane>,
+    pub(super) units: Option<Box<OpUnits>>,
+    /// The first bad declaration, reported by `run`.
+    pub(super) invalid: Option<Error>,
+}
+
+impl OpOptions {
+    /// Adds `units` of `resource` (lasting ones handed on to allocation
+    /// number `allocation`), or notes that the resource is another engine's.
+    #[inline]
+    pub(super) fn add_units(
+        &mut self,
+        engine: u64,
+        resource: &Resource,
+        units: u64,
+        allocation: Option<usize>,
+    ) {
+        if resource.engine() != engine {
+            self.invalid
+                .get_or_insert(Error::ForeignResource(resource.name().to_string()));
+        } else if units > 0 {
+            self.units
+                .get_or_insert_with(Box::default)
+                .add(resource, units, allocation);
+        }
+    }
+
+    /// The index of the op's device in `shared` (0, the default device,
+    /// unless one was given).
+    #[inline]
+    pub(super) fn device_index(&self, shared: &Shared) -> Result<u16, Error> {
+        match self.device {
+            None => Ok(0),
+            Some(d) if d.engine == shared.id => Ok(d.index),
+            Some(_) => Err(Error::Config("the device belongs to another engine".into())),
+        }
+    }
+
+    /// The op's lane on device `device` if it is a stream device (None
+    /// elsewhere); `sync` says whether the body is synchronous, as one on a
+    /// stream device must be (it enqueues work).
+    #[inline]
+    pub(super) fn lane_index(
+        &self,
+        shared: &Shared,
+        device: u16,
+        sync: bool,
+    ) -> Result<Option<u8>, Error> {
+        if self.lane.is_none() && !shared.has_streams() {
+            return Ok(None); // the common case, one load
+        }
+        let lane = self.lane.unwrap_or_default();
+        match shared.stream_device(device) {
+            None if self.lane.is_some() => Err(Error::Stream(format!(
+                "{lane:?} given for an op on a device without streams"
+            ))),
+            None => Ok(None),
+            Some(_) if !sync => Err(Error::Stream(
+                "an op on a stream device has a synchronous body (it enqueues work)".into(),
+            )),
+            Some(stream_device) => stream_device
+                .lane(lane)
+                .map(Some)
+                .ok_or_else(|| Error::Stream(format!("the device has no lane {lane:?}"))),
+        }
+    }
+
+    /// [`Error::OverCapacity`] if the op needs more of a resource than it has.
+    #[inline]
+    pub(super) fn check_capacity(&self) -> Result<(), Error> {
+        match self.units.as_ref().and_then(|u| u.over_capacity()) {
+            None => Ok(()),
+            Some((resource, requested)) => Err(Error::OverCapacity {
+                resource: resource.name().to_string(),
+                requested,
+                capacity: resource.capacity(),
+            }),
+        }
+    }
+}

@@ -10,11 +10,12 @@ use std::task::{Context, Poll};
 
 use super::Engine;
 use super::handle::OpHandle;
+use super::op_builder::OpOptions;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
-    AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, OpUnits,
-    Var, distinct_edges, in_op, recorded_edges,
+    AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, Var,
+    distinct_edges, in_op, recorded_edges,
 };
 use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
@@ -317,12 +318,7 @@ impl<'e> Recorder<'e> {
             recorder: self,
             reads: Vec::new(),
             mutates: Vec::new(),
-            name: None,
-            priority: 0,
-            device: None,
-            lane: None,
-            units: None,
-            invalid: None,
+            opts: OpOptions::default(),
         }
     }
 
@@ -386,22 +382,16 @@ pub struct RecordOp<'r, 'e> {
     recorder: &'r mut Recorder<'e>,
     reads: Vec<&'r dyn AnyVar>,
     mutates: Vec<&'r dyn AnyVar>,
-    name: Option<Cow<'static, str>>,
-    priority: i32,
-    device: Option<Device>,
-    lane: Option<Lane>,
-    units: Option<Box<OpUnits>>,
-    /// The first declaration `run` refuses.
-    invalid: Option<Error>,
+    opts: OpOptions,
 }
 
 impl std::fmt::Debug for RecordOp<'_, '_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecordOp")
-            .field("name", &self.name)
-            .field("priority", &self.priority)
-            .field("device", &self.device)
-            .field("lane", &self.lane)
+            .field("name", &self.opts.name)
+            .field("priority", &self.opts.priority)
+            .field("device", &self.opts.device)
+            .field("lane", &self.opts.lane)
             .finish_non_exhaustive()
     }
 }
@@ -421,13 +411,13 @@ impl<'r> RecordOp<'r, '_> {
 
     /// A name for errors, traces and the graph's DOT.
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.name = Some(name.into());
+        self.opts.name = Some(name.into());
         self
     }
 
     /// A priority among ready ops; see [`OpBuilder::priority`](crate::OpBuilder::priority).
     pub fn priority(mut self, priority: i32) -> Self {
-        self.priority = priority;
+        self.opts.priority = priority;
         self
     }
 
@@ -438,7 +428,7 @@ impl<'r> RecordOp<'r, '_> {
     /// device orders lanes with stream waits), the others once it is done,
     /// and the replay ends once all its ops' device work is done.
     pub fn on(mut self, device: Device) -> Self {
-        self.device = Some(device);
+        self.opts.device = Some(device);
         self
     }
 
@@ -465,7 +455,7 @@ impl<'r> RecordOp<'r, '_> {
     /// # Ok::<(), depflow::Error>(())
     /// ```
     pub fn lane(mut self, lane: Lane) -> Self {
-        self.lane = Some(lane);
+        self.opts.lane = Some(lane);
         self
     }
 
@@ -498,15 +488,8 @@ impl<'r> RecordOp<'r, '_> {
     /// # Ok::<(), depflow::Error>(())
     /// ```
     pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
-        let shared = self.recorder.engine.shared();
-        if resource.engine() != shared.id {
-            self.invalid
-                .get_or_insert(Error::ForeignResource(resource.name().to_string()));
-        } else if units > 0 {
-            self.units
-                .get_or_insert_with(Box::default)
-                .add(resource, units, None);
-        }
+        let engine = self.recorder.engine.shared().id;
+        self.opts.add_units(engine, resource, units, None);
         self
     }
 
@@ -517,7 +500,7 @@ impl<'r> RecordOp<'r, '_> {
     /// allocating op.
     pub fn allocates(mut self, resource: &Resource, units: u64, output: &dyn AnyVar) -> Self {
         let _ = (units, output);
-        self.invalid.get_or_insert(Error::Graph(format!(
+        self.opts.invalid.get_or_insert(Error::Graph(format!(
             "a recorded op cannot allocate lasting units of `{}`: a graph's memory is its \
              planned buffers (Recorder::buffer); use `uses` for units held while the op runs, \
              or push the allocating op",
@@ -536,45 +519,18 @@ impl<'r> RecordOp<'r, '_> {
     /// a host device; [`Error::OverCapacity`] and
     /// [`Error::ForeignResource`] as for [`OpBuilder::uses`](crate::OpBuilder::uses);
     /// [`Error::Graph`] for [`allocates`](Self::allocates).
-    pub fn run<F>(self, f: F) -> Result<(), Error>
+    pub fn run<F>(mut self, f: F) -> Result<(), Error>
     where
         F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
     {
         let recorder = self.recorder;
         let shared = recorder.engine.shared();
-        let device = match self.device {
-            None => 0,
-            Some(d) if d.engine == shared.id => d.index,
-            Some(_) => return Err(Error::Config("the device belongs to another engine".into())),
-        };
-        if let Some(e) = self.invalid {
+        let device = self.opts.device_index(shared)?;
+        if let Some(e) = self.opts.invalid.take() {
             return Err(e);
         }
-        let lane = match shared.stream_device(device) {
-            None => match self.lane {
-                Some(lane) => {
-                    return Err(Error::Stream(format!(
-                        "{lane:?} given for an op on a device without streams"
-                    )));
-                }
-                None => None,
-            },
-            Some(stream_device) => {
-                let lane = self.lane.unwrap_or_default();
-                Some(
-                    stream_device
-                        .lane(lane)
-                        .ok_or_else(|| Error::Stream(format!("the device has no lane {lane:?}")))?,
-                )
-            }
-        };
-        if let Some((resource, requested)) = self.units.as_ref().and_then(|u| u.over_capacity()) {
-            return Err(Error::OverCapacity {
-                resource: resource.name().to_string(),
-                requested,
-                capacity: resource.capacity(),
-            });
-        }
+        let lane = self.opts.lane_index(shared, device, true)?;
+        self.opts.check_capacity()?;
         let edges = recorded_edges(
             &self.reads,
             &self.mutates,
@@ -583,11 +539,11 @@ impl<'r> RecordOp<'r, '_> {
         )?;
         let spec = OpSpec {
             edges,
-            units: self.units,
-            name: self.name,
+            units: self.opts.units,
+            name: self.opts.name,
             device_index: device,
             lane,
-            priority: self.priority,
+            priority: self.opts.priority,
             mode: Mode::Normal,
             generation: 0,
         };

@@ -309,14 +309,7 @@ impl<'a, K: AccessKeys> TypedOp<'a, K> {
         F: for<'g> FnOnce(K::Refs<'g>) -> Result<T, BoxError> + Send + 'static,
         T: Send + 'static,
     {
-        if let Some(id) = self.duplicate {
-            return Err(Error::Borrowed(id));
-        }
-        let keys = self.keys;
-        self.builder.run(move |ctx| {
-            let mut guards = keys.guards(ctx)?;
-            f(K::refs(&mut guards))
-        })
+        self.run_with_ctx(move |_, refs| f(refs))
     }
 
     /// Like [`run`](Self::run), for a body that needs the op's context too

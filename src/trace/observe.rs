@@ -112,11 +112,17 @@ impl Observer {
     }
 
     pub(crate) fn started(&self, op: &OpBlock) {
+        self.running(op, What::Started);
+    }
+
+    /// The op's body runs: from its start, or again after it awaited.
+    #[inline]
+    fn running(&self, op: &OpBlock, what: What) {
         if let Some(t) = &self.tracker {
             t.running(op);
         }
         if let Some(r) = self.recording() {
-            r.event(op, What::Started);
+            r.event(op, what);
         }
         #[cfg(feature = "tracing")]
         if let Some(s) = self.spans() {
@@ -138,16 +144,7 @@ impl Observer {
     }
 
     pub(crate) fn resumed(&self, op: &OpBlock) {
-        if let Some(t) = &self.tracker {
-            t.running(op);
-        }
-        if let Some(r) = self.recording() {
-            r.event(op, What::Resumed);
-        }
-        #[cfg(feature = "tracing")]
-        if let Some(s) = self.spans() {
-            s.enter(op);
-        }
+        self.running(op, What::Resumed);
     }
 
     pub(crate) fn enqueued(&self, op: &OpBlock) {
