@@ -304,7 +304,13 @@ fn an_async_body_shows_one_slice_per_poll() {
                 Ok(())
             })
             .unwrap();
-        while engine.trace().unwrap().ops()[0].slices().is_empty() {
+        // Until the body suspended (its first slice ended): sent earlier,
+        // its first poll would find the value and run in one slice.
+        while engine.trace().unwrap().ops()[0]
+            .slices()
+            .first()
+            .is_none_or(|s| s.end.is_none())
+        {
             std::thread::yield_now();
         }
         tx.send(()).unwrap();
