@@ -3,8 +3,10 @@
 //! 1. *Enqueue*, on the device's launcher thread, once its variables are
 //!    granted: wait on the host for fences of other devices; put stream
 //!    waits for this device's fences on its lane; run the body (which
-//!    enqueues); record the op's fence after it; publish the fence in the
-//!    variables; give the variables back. The op's units stay taken.
+//!    enqueues), then drop what it holds (so that it is gone when the op
+//!    completes, as a host op's body is); record the op's fence after it;
+//!    publish the fence in the variables; give the variables back. The
+//!    op's units stay taken.
 //! 2. *Complete*, when the device's poller completed the fence, on the
 //!    poller's thread (it runs the op's task there, see `device::poller`):
 //!    give the units back (and, if the work failed, take back those handed
