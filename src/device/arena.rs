@@ -143,13 +143,7 @@ impl DeviceMemory {
             #[cfg(feature = "cuda")]
             Raw::Cuda(ptr) => View::Cuda(*ptr),
         };
-        DeviceSlice {
-            memory,
-            offset,
-            len,
-            writable,
-            _values: PhantomData,
-        }
+        DeviceSlice::at(memory, offset, len, writable)
     }
 }
 
@@ -267,17 +261,12 @@ pub struct DeviceSlice<T> {
 
 impl<T> Clone for DeviceSlice<T> {
     fn clone(&self) -> Self {
-        Self {
-            memory: match &self.memory {
-                View::Sim(v) => View::Sim(v.clone()),
-                #[cfg(feature = "cuda")]
-                View::Cuda(p) => View::Cuda(*p),
-            },
-            offset: self.offset,
-            len: self.len,
-            writable: self.writable,
-            _values: PhantomData,
-        }
+        let memory = match &self.memory {
+            View::Sim(v) => View::Sim(v.clone()),
+            #[cfg(feature = "cuda")]
+            View::Cuda(p) => View::Cuda(*p),
+        };
+        Self::at(memory, self.offset, self.len, self.writable)
     }
 }
 
@@ -293,6 +282,17 @@ impl<T> std::fmt::Debug for DeviceSlice<T> {
 }
 
 impl<T> DeviceSlice<T> {
+    /// `len` values of `T` at `offset` bytes into `memory`.
+    fn at(memory: View, offset: usize, len: usize, writable: bool) -> Self {
+        Self {
+            memory,
+            offset,
+            len,
+            writable,
+            _values: PhantomData,
+        }
+    }
+
     /// How many values it holds.
     pub fn len(&self) -> usize {
         self.len
@@ -321,19 +321,8 @@ impl<T> DeviceSlice<T> {
     ///
     /// As for [`DeviceMemory::slice`], for `U` at this offset and `len`.
     pub(crate) unsafe fn recast<U>(&self, len: usize) -> DeviceSlice<U> {
-        let DeviceSlice {
-            memory,
-            offset,
-            writable,
-            ..
-        } = self.clone();
-        DeviceSlice {
-            memory,
-            offset,
-            len,
-            writable,
-            _values: PhantomData,
-        }
+        let this = self.clone();
+        DeviceSlice::at(this.memory, this.offset, len, this.writable)
     }
 
     /// On the simulated GPU: runs `f` on the values (from device work),
