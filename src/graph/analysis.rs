@@ -80,28 +80,31 @@ impl Recording {
         if self.device_of.is_empty() {
             return Ok(());
         }
+        // Named only for an error: a well-placed buffer costs no string.
+        let op = || {
+            spec.name
+                .as_ref()
+                .map_or_else(|| "an op".into(), |n| format!("op `{n}`"))
+        };
         for e in spec.edges.iter() {
             let id = e.var.id();
             let Some(&home) = self.device_of.get(&id) else {
                 continue;
             };
-            let op = spec
-                .name
-                .as_ref()
-                .map(|n| format!("op `{n}`"))
-                .unwrap_or_else(|| "an op".into());
             if spec.lane.is_none() {
                 return Err(Error::Graph(format!(
-                    "device buffer {id} lives in the memory of device {home}: {op} on the host \
+                    "device buffer {id} lives in the memory of device {home}: {} on the host \
                      (device {}) cannot declare it; run it on device {home} (`.on(device)`), or \
                      use a host buffer (Recorder::buffer)",
+                    op(),
                     spec.device_index
                 )));
             }
             if spec.device_index != home {
                 return Err(Error::Graph(format!(
-                    "device buffer {id} lives in the memory of device {home}: {op} on device {} \
+                    "device buffer {id} lives in the memory of device {home}: {} on device {} \
                      cannot declare it (copy it through a variable instead)",
+                    op(),
                     spec.device_index
                 )));
             }
