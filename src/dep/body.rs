@@ -33,6 +33,14 @@ pub(crate) trait Body: Send + 'static {
     /// that never ran, the future of one that finished or never will.
     /// User code (destructors) runs here: the caller catches its panics.
     fn discard(self: Pin<&mut Self>);
+
+    /// Whether the body holds nothing left to [`discard`](Self::discard)
+    /// (a closure its call consumed): then dropping it runs no user code,
+    /// and discarding it can be skipped.
+    #[inline]
+    fn is_spent(&self) -> bool {
+        false
+    }
 }
 
 /// A synchronous op: a closure run once.
@@ -65,6 +73,11 @@ where
 
     fn discard(self: Pin<&mut Self>) {
         self.get_mut().0 = None;
+    }
+
+    #[inline]
+    fn is_spent(&self) -> bool {
+        self.0.is_none()
     }
 }
 
