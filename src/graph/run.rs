@@ -17,8 +17,11 @@
 //!    priority 0) are kept on this thread's stack ([`Ready`]) to run next,
 //!    and the others are woken onto their devices' executors. Kept ops are
 //!    handed to the executor as it wants them (`Host::wanted`: its idle
-//!    workers, so parallelism is not lost), and all of them when an op of
-//!    higher priority was woken on this device (the executor orders them).
+//!    workers), and all of them when an op of higher priority was woken on
+//!    this device (the executor orders them). That happens between two ops
+//!    of this thread only: a worker that goes idle while this thread runs a
+//!    long op waits for that op's end to get the kept ones (see the README's
+//!    limits of recorded graphs).
 //!    So a replay wakes an op (some 250 instructions: the task's wake, the
 //!    queue, the task's run) only to hand it to another worker.
 //! 4. The op that ends last wakes the replay's op, which resolves to the
