@@ -151,16 +151,10 @@ impl<B: Body, H: Host> Drop for OpFuture<B, H> {
 /// A body already spent (a closure its call consumed) is left alone: it
 /// holds no user code to run, and a stream op, which discards its body right
 /// after the call, should not pay for entering the op and catching panics.
-#[inline]
 pub(super) fn discard_body<B: Body, H: Host>(op: &OpBlock, body: Pin<&mut B>, host: &H) {
-    if !body.is_spent() {
-        discard_held(op, body, host);
+    if body.is_spent() {
+        return;
     }
-}
-
-/// [`discard_body`] for a body that may hold something.
-#[inline(never)]
-fn discard_held<B: Body, H: Host>(op: &OpBlock, body: Pin<&mut B>, host: &H) {
     let dropped = {
         let _current = CurrentOp::enter(op);
         catch_unwind(AssertUnwindSafe(|| body.discard()))
