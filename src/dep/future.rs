@@ -147,14 +147,7 @@ impl<B: Body, H: Host> Drop for OpFuture<B, H> {
 /// waiting for ops this thread may have to run. A panic is caught and
 /// recorded as a failure of the op (reported by `wait_all`); the op's own
 /// outcome stands.
-///
-/// A body already spent (a closure its call consumed) is left alone: it
-/// holds no user code to run, and a stream op, which discards its body right
-/// after the call, should not pay for entering the op and catching panics.
 pub(super) fn discard_body<B: Body, H: Host>(op: &OpBlock, body: Pin<&mut B>, host: &H) {
-    if body.is_spent() {
-        return;
-    }
     let dropped = {
         let _current = CurrentOp::enter(op);
         catch_unwind(AssertUnwindSafe(|| body.discard()))

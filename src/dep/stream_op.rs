@@ -302,8 +302,11 @@ fn enqueue<B: Body, H: Host>(
     };
     // What the body holds goes now, before the op can complete, as a host
     // op's does: whoever awaits the op finds it dropped (a captured
-    // graph's launch holds the graph).
-    discard_body(op, body, host);
+    // graph's launch holds the graph). A closure its call consumed holds
+    // nothing: no need to enter the op and catch panics for it.
+    if !body.is_spent() {
+        discard_body(op, body, host);
+    }
     #[cfg(debug_assertions)]
     warn_if_long(op, started.elapsed());
     let deferred = stream.take_deferred();
