@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::streams::{failed, gated_store, host_fn, poisoned, read_on_host, run_in_child, update};
+#[cfg(debug_assertions)]
+use common::streams::run_in_child;
+use common::streams::{failed, gated_store, host_fn, poisoned, read_on_host, update};
 use common::{Mem, gate, gpu_engine, within};
 use depflow::stream::SimMemory;
 use depflow::{Engine, Error, Executor, Lane, Var};
