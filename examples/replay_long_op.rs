@@ -1,8 +1,9 @@
 //! A replay of a root op and four ops on it, one 10 ms and three 1 ms
 //! (recorded first, the long one), against the same ops pushed, on 2
-//! threads. Ideal: 10 ms per step. The README's limits of recorded graphs
-//! quote it: a replay holds the 1 ms ops its thread keeps back behind the
-//! long one.
+//! threads. Ideal: 10 ms per step. The README's section on recorded graphs
+//! quotes it: the second replay measures its ops, and from the third on the
+//! long op is woken onto the pool instead of run by the thread that keeps
+//! the 1 ms ones, which would hold them back behind it.
 //!
 //! ```text
 //! cargo run --release --example replay_long_op

@@ -346,6 +346,77 @@ fn siblings_made_ready_together_run_on_idle_workers() {
     }
 }
 
+/// A replay measures its ops (the second replay does): one that was long
+/// next to the others is not run inline from then on, where the ops its
+/// thread keeps would wait for its end, but woken onto the executor. The
+/// long op here waits for all three of its siblings to have run (a generous
+/// bound: a sibling held back behind it fails the test rather than hangs
+/// it).
+#[test]
+fn a_long_recorded_op_does_not_hold_its_ready_siblings_back() {
+    use std::time::{Duration, Instant};
+    let engine = engine(2);
+    let root = engine.var(0u64);
+    let outs: Vec<Var<u64>> = (0..4).map(|_| engine.var(0u64)).collect();
+    let siblings_ran = Arc::new(AtomicUsize::new(0));
+    let graph = engine
+        .record(|rec| {
+            let (rk, ran) = (root.key(), siblings_ran.clone());
+            rec.op().name("root").mutates(&[&root]).run(move |ctx| {
+                ran.store(0, Ordering::SeqCst);
+                *ctx.write(rk)? += 1;
+                Ok(())
+            })?;
+            // Recorded first: the first op the root makes ready, which the
+            // thread that ran the root runs next, keeping the others.
+            let (rk, ok, ran) = (root.key(), outs[0].key(), siblings_ran.clone());
+            rec.op()
+                .name("long")
+                .reads(&[&root])
+                .mutates(&[&outs[0]])
+                .run(move |ctx| {
+                    let replay = *ctx.read(rk)?;
+                    if replay <= 2 {
+                        // Not measured yet, then measured: long.
+                        let start = Instant::now();
+                        while start.elapsed() < Duration::from_millis(2) {
+                            std::hint::spin_loop();
+                        }
+                    } else {
+                        let deadline = Instant::now() + Duration::from_secs(20);
+                        while ran.load(Ordering::SeqCst) < 3 {
+                            if Instant::now() > deadline {
+                                return Err(
+                                    format!("replay {replay}: a sibling was held back").into()
+                                );
+                            }
+                            std::thread::yield_now();
+                        }
+                    }
+                    *ctx.write(ok)? += 1;
+                    Ok(())
+                })?;
+            for out in &outs[1..] {
+                let (ok, ran) = (out.key(), siblings_ran.clone());
+                rec.op()
+                    .name("short")
+                    .reads(&[&root])
+                    .mutates(&[out])
+                    .run(move |ctx| {
+                        *ctx.write(ok)? += 1;
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    })?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    for i in 1..=6u64 {
+        graph.replay().wait().unwrap();
+        assert_eq!(engine.get(&outs[0]).wait().unwrap(), i);
+    }
+}
+
 /// A recorded op's context is kept from one replay to the next: a borrow
 /// its body forgot (a leaked guard) does not outlive the run.
 #[test]

@@ -24,6 +24,7 @@ pub(crate) mod capture;
 pub(crate) mod dag;
 pub(crate) mod dot;
 mod info;
+mod long_ops;
 pub(crate) mod plan;
 pub(crate) mod run;
 #[cfg(any(test, loom))]

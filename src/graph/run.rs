@@ -19,9 +19,11 @@
 //!    handed to the executor as it wants them (`Host::wanted`: its idle
 //!    workers), and all of them when an op of higher priority was woken on
 //!    this device (the executor orders them). That happens between two ops
-//!    of this thread only: a worker that goes idle while this thread runs a
-//!    long op waits for that op's end to get the kept ones (see the README's
-//!    limits of recorded graphs).
+//!    of this thread only: a worker that goes idle while the thread runs an
+//!    op gets nothing until its end. So an op that an earlier replay
+//!    measured as long next to the others (`long_ops.rs`) is not run
+//!    inline: it is woken like an op of another device (an idle worker
+//!    takes it), and the thread goes on with the others.
 //!    So a replay wakes an op (some 250 instructions: the task's wake, the
 //!    queue, the task's run) only to hand it to another worker.
 //! 4. The op that ends last wakes the replay's op, which resolves to the
@@ -40,10 +42,11 @@ mod slow;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::task::{Context, Poll};
 
-use self::slow::{Kind, ReplayTickets, Slow, UnitsPlan};
+use self::slow::{Kind, NO_INLINE, ReplayTickets, Slow, UnitsPlan};
+use super::long_ops::LongOps;
 use crate::core::replay::{Countdowns, Left, Satisfied};
 use crate::dep::{
     Body, Driver, Env, Host, OpBlock, OpSpec, OpUnits, Ran, RecordedBody, Resident, run_recorded,
@@ -56,8 +59,12 @@ use crate::loom::sync::Mutex;
 pub(crate) struct Step {
     pub(crate) resident: Resident,
     pub(crate) body: RecordedBody,
-    /// The device it runs inline on (`slow::NO_INLINE` for a slow step).
-    pub(crate) device: u16,
+    /// The device it runs inline on: its own, or [`NO_INLINE`] for a slow
+    /// step or one measured as long (`long_ops.rs`), which are always woken.
+    /// Set when a measuring replay ends, read as the next replays make the
+    /// op ready: a hint (`Relaxed`), since inline or woken the op runs the
+    /// same.
+    inline_on: AtomicU16,
     pub(crate) priority: i32,
     kind: Kind,
     slow: Option<Box<Slow>>,
@@ -72,6 +79,9 @@ struct Ready {
     ops: [u32; KEEP],
     head: usize,
     len: usize,
+    /// In a measuring replay: when the last op that ended while others
+    /// were kept ended, and its rank in its `run_from` (`Runtime::stamp`).
+    stamp: Option<(std::time::Instant, u32)>,
 }
 
 impl Ready {
@@ -80,6 +90,7 @@ impl Ready {
             ops: [0; KEEP],
             head: 0,
             len: 0,
+            stamp: None,
         }
     }
 
@@ -139,6 +150,8 @@ pub(crate) struct Runtime<H: Host> {
     steps: Box<[Step]>,
     schedule: Schedule,
     countdowns: Countdowns,
+    /// How long its ops take, measured in some replays.
+    long_ops: LongOps,
     /// The replay's first failure.
     failure: Mutex<Option<Error>>,
     /// Some op failed or was skipped in the last replay: its poison inside
@@ -176,9 +189,14 @@ impl<H: Host> Runtime<H> {
                 .into_iter()
                 .enumerate()
                 .map(|(i, (spec, body))| {
-                    let (kind, device, slow) = slow::kind_of(&spec, &*host);
+                    let (kind, slow) = slow::kind_of(&spec, &*host);
+                    let inline_on = if slow.is_some() {
+                        NO_INLINE
+                    } else {
+                        spec.device_index
+                    };
                     Step {
-                        device,
+                        inline_on: AtomicU16::new(inline_on),
                         priority: spec.priority,
                         kind,
                         slow,
@@ -197,6 +215,7 @@ impl<H: Host> Runtime<H> {
                 steps,
                 schedule,
                 countdowns: Countdowns::new(n),
+                long_ops: LongOps::new(n),
                 failure: Mutex::new(None),
                 failed: AtomicBool::new(false),
                 graph,
@@ -234,20 +253,21 @@ impl<H: Host> Runtime<H> {
                 crate::dep::clear_graph_fences(step.resident.block(), self.graph);
             }
         }
+        self.long_ops.arm();
         self.countdowns.arm(&self.schedule.preds)
     }
 
     /// Op `op` became ready on a thread that runs ops of device `device`
-    /// and has `next` to run next: the first one on this device becomes
-    /// `next` whatever its priority (a chain runs as a loop); more are kept
-    /// in `ready` at priority 0, as many as fit; the others are woken onto
-    /// their devices' executors. Returns whether it woke an op of higher
-    /// priority on this device, which this thread should then not hold
-    /// its kept ops back from.
+    /// and has `next` to run next: the first one that runs inline on this
+    /// device becomes `next` whatever its priority (a chain runs as a loop);
+    /// more are kept in `ready` at priority 0, as many as fit; the others
+    /// are woken onto their devices' executors. Returns whether it woke an
+    /// op of higher priority on this device, which this thread should then
+    /// not hold its kept ops back from.
     #[inline]
     fn make_ready(&self, next: &mut Option<u32>, ready: &mut Ready, device: u16, op: u32) -> bool {
         let step = &self.steps[op as usize];
-        if step.device != device {
+        if step.inline_on.load(Ordering::Relaxed) != device {
             step.resident.wake();
             false
         } else if next.is_none() {
@@ -279,6 +299,21 @@ impl<H: Host> Runtime<H> {
         }
     }
 
+    /// In a measuring replay, at the end of op `op`, the `done`-th this
+    /// thread ran in this `run_from`, while ops are kept: if the op before
+    /// it ended so too, the time since is `op`'s run, its measure.
+    #[cold]
+    #[inline(never)]
+    fn stamp(&self, ready: &mut Ready, op: u32, done: u32) {
+        let now = std::time::Instant::now();
+        if let Some((prev, last)) = ready.stamp
+            && last.wrapping_add(1) == done
+        {
+            self.long_ops.record(op, now - prev);
+        }
+        ready.stamp = Some((now, done));
+    }
+
     /// Runs op `op` (ready), then, while an op it ends makes one on the
     /// same device ready, that one; then the ops kept in `ready` (of the
     /// same device), and those they make ready, until none is left. Kept
@@ -288,8 +323,19 @@ impl<H: Host> Runtime<H> {
     /// (`Countdowns::ops_done`): at T >= 2, a count per op was a write to
     /// the counter every worker shares, its cache line moving between them
     /// at every op.
-    fn run_from(&self, mut op: u32, ready: &mut Ready) {
-        let device = self.steps[op as usize].device;
+    fn run_from(&self, op: u32, ready: &mut Ready) {
+        if self.long_ops.is_sampling() {
+            self.run_ops::<true>(op, ready)
+        } else {
+            self.run_ops::<false>(op, ready)
+        }
+    }
+
+    /// `run_from`'s loop; `MEASURE`: this replay times its ops (`stamp`), in
+    /// a copy of the loop apart, so that the others test nothing per op.
+    fn run_ops<const MEASURE: bool>(&self, mut op: u32, ready: &mut Ready) {
+        // Its own device, even if it does not run inline (`inline_on`).
+        let device = self.steps[op as usize].resident.block().device_index();
         let mut done = 0;
         loop {
             let step = &self.steps[op as usize];
@@ -317,6 +363,9 @@ impl<H: Host> Runtime<H> {
             }
             if ready.len != 0 {
                 self.share(ready, device, urgent);
+                if MEASURE {
+                    self.stamp(ready, op, done);
+                }
             }
             done += 1;
             match next.or_else(|| ready.pop_front()) {
@@ -417,7 +466,20 @@ impl<H: Host> Body for ReplayBody<H> {
         }
         match runtime.countdowns.poll_done(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(()) => Poll::Ready(Ok(runtime.failure.lock().take())),
+            Poll::Ready(()) => {
+                runtime.long_ops.settle(|op, long| {
+                    let step = &runtime.steps[op as usize];
+                    if step.slow.is_none() {
+                        let on = if long {
+                            NO_INLINE
+                        } else {
+                            step.resident.block().device_index()
+                        };
+                        step.inline_on.store(on, Ordering::Relaxed);
+                    }
+                });
+                Poll::Ready(Ok(runtime.failure.lock().take()))
+            }
         }
     }
 

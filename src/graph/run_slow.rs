@@ -4,7 +4,7 @@
 //! keep `run_from`'s inline path; these are *slow steps*:
 //!
 //! - they are never run on the thread that made them ready: their resident
-//!   task is woken (their `device` in the step is [`NO_INLINE`]), which
+//!   task is woken (their `inline_on` in the step is [`NO_INLINE`]), which
 //!   asks for their units first if they have some (`dep::resident_units`);
 //! - a stream op's successors on its device are made ready once its work
 //!   is enqueued, as pushed ops are granted then (its lane's order keeps
@@ -51,27 +51,24 @@ pub(super) enum Kind {
 
 /// What a slow step keeps besides the common fields.
 pub(super) struct Slow {
-    device: u16,
     slot: StreamSlot,
 }
 
-/// The kind of the step made of `spec` on `host`, the device it runs
-/// inline on, and its slow part.
-pub(super) fn kind_of<H: Host>(spec: &OpSpec, host: &H) -> (Kind, u16, Option<Box<Slow>>) {
+/// The kind of the step made of `spec` on `host`, and its slow part.
+pub(super) fn kind_of<H: Host>(spec: &OpSpec, host: &H) -> (Kind, Option<Box<Slow>>) {
     let kind = if spec.lane.is_some() {
         Kind::Stream
     } else if spec.units.is_some() {
         Kind::Units
     } else if host.has_streams() {
-        return (Kind::Settled, spec.device_index, None);
+        return (Kind::Settled, None);
     } else {
-        return (Kind::Host, spec.device_index, None);
+        return (Kind::Host, None);
     };
     let slow = Slow {
-        device: spec.device_index,
         slot: StreamSlot::default(),
     };
-    (kind, NO_INLINE, Some(Box::new(slow)))
+    (kind, Some(Box::new(slow)))
 }
 
 /// The units a graph's ops take: its resources, and each demand's rank
@@ -258,11 +255,7 @@ impl<H: Host> Runtime<H> {
     /// Whether steps `a` and `b` are stream ops on one device.
     fn same_device(&self, a: u32, b: u32) -> bool {
         let (a, b) = (&self.steps[a as usize], &self.steps[b as usize]);
-        match (&a.slow, &b.slow) {
-            (Some(x), Some(y)) => {
-                a.kind == Kind::Stream && b.kind == Kind::Stream && x.device == y.device
-            }
-            _ => false,
-        }
+        let device = |s: &super::Step| s.resident.block().device_index();
+        a.kind == Kind::Stream && b.kind == Kind::Stream && device(a) == device(b)
     }
 }
