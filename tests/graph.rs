@@ -417,6 +417,66 @@ fn a_long_recorded_op_does_not_hold_its_ready_siblings_back() {
     }
 }
 
+/// A long op of higher priority is woken rather than run inline (see the
+/// test above), and the ops its thread keeps go to the executor with it,
+/// which runs it first: on one thread, the long op runs right after the
+/// sibling run inline, not after all the kept ones.
+#[test]
+fn a_long_recorded_op_of_higher_priority_runs_before_the_ops_kept_beside_it() {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+    let engine = engine(1);
+    let root = engine.var(0u64);
+    let outs: Vec<Var<u64>> = (0..4).map(|_| engine.var(0u64)).collect();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let graph = engine
+        .record(|rec| {
+            let rk = root.key();
+            rec.op().name("root").mutates(&[&root]).run(move |ctx| {
+                *ctx.write(rk)? += 1;
+                Ok(())
+            })?;
+            for (i, out) in outs.iter().enumerate() {
+                let (ok, order) = (out.key(), order.clone());
+                let op = rec.op().reads(&[&root]).mutates(&[out]);
+                // The first made ready (so it runs inline while the others
+                // are kept, and is measured): long, of higher priority.
+                let op = if i == 0 {
+                    op.name("long").priority(5)
+                } else {
+                    op.name("short")
+                };
+                op.run(move |ctx| {
+                    if i == 0 {
+                        let start = Instant::now();
+                        while start.elapsed() < Duration::from_millis(5) {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    order.lock().unwrap().push(i);
+                    *ctx.write(ok)? += 1;
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    for replay in 1..=6u64 {
+        order.lock().unwrap().clear();
+        graph.replay().wait().unwrap();
+        assert_eq!(engine.get(&outs[0]).wait().unwrap(), replay);
+        let order = order.lock().unwrap().clone();
+        if replay <= 2 {
+            // Not measured yet, then measured: run inline, first.
+            assert_eq!(order, [0, 1, 2, 3], "replay {replay}");
+        } else {
+            // The sibling made ready next runs inline, then the long op; the
+            // kept ones after it, in whichever order.
+            assert_eq!(order[..2], [1, 0], "replay {replay}: {order:?}");
+        }
+    }
+}
+
 /// A recorded op's context is kept from one replay to the next: a borrow
 /// its body forgot (a leaked guard) does not outlive the run.
 #[test]

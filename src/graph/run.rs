@@ -262,24 +262,27 @@ impl<H: Host> Runtime<H> {
     /// device becomes `next` whatever its priority (a chain runs as a loop);
     /// more are kept in `ready` at priority 0, as many as fit; the others
     /// are woken onto their devices' executors. Returns whether it woke an
-    /// op of higher priority on this device, which this thread should then
-    /// not hold its kept ops back from.
+    /// op of higher priority that may be on this device (a slow or long one
+    /// of any device: a test of its device here would cost every woken op),
+    /// which this thread should then not hold its kept ops back from.
     #[inline]
     fn make_ready(&self, next: &mut Option<u32>, ready: &mut Ready, device: u16, op: u32) -> bool {
         let step = &self.steps[op as usize];
-        if step.inline_on.load(Ordering::Relaxed) != device {
-            step.resident.wake();
-            false
-        } else if next.is_none() {
-            *next = Some(op);
-            false
-        } else if step.priority == 0 && ready.len < KEEP {
-            ready.push(op);
-            false
-        } else {
-            step.resident.wake();
-            step.priority > 0
+        let inline_on = step.inline_on.load(Ordering::Relaxed);
+        if inline_on == device {
+            if next.is_none() {
+                *next = Some(op);
+                return false;
+            }
+            if step.priority == 0 && ready.len < KEEP {
+                ready.push(op);
+                return false;
+            }
         }
+        step.resident.wake();
+        // Of higher priority and perhaps on this device (a slow or long op
+        // of any device): the executor orders it before the kept ones.
+        step.priority > 0 && (inline_on == device || inline_on == NO_INLINE)
     }
 
     /// Hands kept ops on: all of them if `urgent` (an op of higher priority
