@@ -10,6 +10,14 @@ fn engine(threads: usize) -> Engine {
     Engine::builder().threads(threads).build().unwrap()
 }
 
+/// Keeps the calling thread busy for `d`.
+fn spin(d: std::time::Duration) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
 /// `y += 2x + 1` through an intermediate, replayed n times.
 fn affine(engine: &Engine, x: &Var<i64>, y: &Var<i64>) -> depflow::Graph {
     engine
@@ -378,10 +386,7 @@ fn a_long_recorded_op_does_not_hold_its_ready_siblings_back() {
                     let replay = *ctx.read(rk)?;
                     if replay <= 2 {
                         // Not measured yet, then measured: long.
-                        let start = Instant::now();
-                        while start.elapsed() < Duration::from_millis(2) {
-                            std::hint::spin_loop();
-                        }
+                        spin(Duration::from_millis(2));
                     } else {
                         let deadline = Instant::now() + Duration::from_secs(20);
                         while ran.load(Ordering::SeqCst) < 3 {
@@ -424,7 +429,7 @@ fn a_long_recorded_op_does_not_hold_its_ready_siblings_back() {
 #[test]
 fn a_long_recorded_op_of_higher_priority_runs_before_the_ops_kept_beside_it() {
     use std::sync::Mutex;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let engine = engine(1);
     let root = engine.var(0u64);
     let outs: Vec<Var<u64>> = (0..4).map(|_| engine.var(0u64)).collect();
@@ -448,10 +453,7 @@ fn a_long_recorded_op_of_higher_priority_runs_before_the_ops_kept_beside_it() {
                 };
                 op.run(move |ctx| {
                     if i == 0 {
-                        let start = Instant::now();
-                        while start.elapsed() < Duration::from_millis(5) {
-                            std::hint::spin_loop();
-                        }
+                        spin(Duration::from_millis(5));
                     }
                     order.lock().unwrap().push(i);
                     *ctx.write(ok)? += 1;
