@@ -15,9 +15,8 @@
 //!
 //! One replay in [`SAMPLE_EVERY`], from the second on, measures how long
 //! its ops take, only those run while the thread keeps others (the only
-//! ones the choice is about): the other replays pay a load and a test per
-//! op run while others are kept, and a recorded chain, which keeps nothing,
-//! pays nothing. When a measuring replay ends, an op is long if its last
+//! ones the choice is about), in a copy of the run loop apart (`run.rs`:
+//! `run_ops`): the other replays test nothing per op. When a measuring replay ends, an op is long if its last
 //! measure was at least [`LONG`] and at least [`RELATIVE`] times the mean
 //! of the other measured ops: long next to its graph's other ops, so that a
 //! uniformly slower machine (or valgrind) does not make every op long. The
@@ -26,8 +25,9 @@
 //!
 //! | field | written by | read by |
 //! | --- | --- | --- |
-//! | `armed`, `sampling`, `measured` | the replay's op as it arms (one replay at a time; the ops' threads get `sampling` with their ops, through the executor's queue, as the countdowns) | the threads running the replay's ops |
+//! | `armed`, `sampling` | the replay's op as it arms (one replay at a time; the ops' threads get `sampling` with their ops, through the executor's queue, as the countdowns) | the threads running the replay's ops |
 //! | `took` | the thread that ran the op in a measuring replay | the replay's op, once that replay is over ([`LongOps::settle`]) |
+//! | `long` | the replay's op, as it settles | the same |
 //!
 //! Every access is `Relaxed`: the measures are hints (a stale one runs a
 //! long op inline or wakes a short one, which is only slower).
@@ -59,8 +59,6 @@ pub(crate) struct LongOps {
     armed: AtomicU32,
     /// The replay in flight measures its ops.
     sampling: AtomicBool,
-    /// It measured one (else there is nothing to settle).
-    measured: AtomicBool,
     /// Per op, how long it took when last measured, in ns ([`UNMEASURED`]
     /// if never).
     took: Box<[AtomicU32]>,
@@ -74,7 +72,6 @@ impl LongOps {
         Self {
             armed: AtomicU32::new(0),
             sampling: AtomicBool::new(false),
-            measured: AtomicBool::new(false),
             took: (0..ops).map(|_| AtomicU32::new(UNMEASURED)).collect(),
             long: (0..ops).map(|_| AtomicBool::new(false)).collect(),
         }
@@ -86,7 +83,6 @@ impl LongOps {
         let n = self.armed.load(Relaxed);
         self.armed.store(n.wrapping_add(1), Relaxed);
         self.sampling.store(n % SAMPLE_EVERY == 1, Relaxed);
-        self.measured.store(false, Relaxed);
     }
 
     /// Whether the replay in flight measures its ops.
@@ -100,18 +96,18 @@ impl LongOps {
         // Never UNMEASURED: a measure of 0 ns is 1.
         let ns = u32::try_from(took.as_nanos()).unwrap_or(u32::MAX).max(1);
         self.took[op as usize].store(ns, Relaxed);
-        self.measured.store(true, Relaxed);
     }
 
-    /// The replay is over: if it measured ops, tells `set_long` for each
-    /// op that became long or stopped being long (see the module docs).
+    /// The replay is over: if it measured its ops, tells `set_long` for
+    /// each op that became long or stopped being long (see the module
+    /// docs); ops it did not measure keep their last measure.
     /// Called by the replay's op once every op of it has ended.
     ///
     /// Only the changes: the caller touches each op it is told of, and the
     /// steps of a large graph do not fit in the caches, while these
     /// measures are read in order.
     pub(crate) fn settle(&self, mut set_long: impl FnMut(u32, bool)) {
-        if !(self.is_sampling() && self.measured.load(Relaxed)) {
+        if !self.is_sampling() {
             return;
         }
         let took = |i: usize| u64::from(self.took[i].load(Relaxed));
@@ -119,6 +115,10 @@ impl LongOps {
             .map(took)
             .filter(|&t| t != u64::from(UNMEASURED))
             .fold((0u64, 0u64), |(sum, n), t| (sum + t, n + 1));
+        if n == 0 {
+            // Nothing measured (a chain keeps nothing): nothing changes.
+            return;
+        }
         let floor = LONG.as_nanos() as u64;
         for i in 0..self.took.len() {
             let t = took(i);
@@ -139,7 +139,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_second_replay_and_every_sixteenth_after_measure() {
+    fn the_second_replay_and_every_sample_every_th_after_measure() {
         let ops = LongOps::new(0);
         let measuring: Vec<u32> = (0..2 * SAMPLE_EVERY + 2)
             .filter(|_| {
@@ -197,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_measuring_replay_that_measured_settles() {
+    fn only_a_measuring_replay_settles() {
         let ops = measured(&[0, 0]);
         ops.settle(|_, _| panic!("nothing was measured"));
         let ops = measured(&[10_000, 1000]);

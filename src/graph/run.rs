@@ -70,6 +70,14 @@ pub(crate) struct Step {
     slow: Option<Box<Slow>>,
 }
 
+impl Step {
+    /// Its device, whether or not it runs inline (`inline_on`).
+    #[inline]
+    pub(crate) fn device(&self) -> u16 {
+        self.resident.block().device_index()
+    }
+}
+
 /// How many ready ops one thread keeps to run itself (a power of two).
 const KEEP: usize = 64;
 
@@ -337,8 +345,7 @@ impl<H: Host> Runtime<H> {
     /// `run_from`'s loop; `MEASURE`: this replay times its ops (`stamp`), in
     /// a copy of the loop apart, so that the others test nothing per op.
     fn run_ops<const MEASURE: bool>(&self, mut op: u32, ready: &mut Ready) {
-        // Its own device, even if it does not run inline (`inline_on`).
-        let device = self.steps[op as usize].resident.block().device_index();
+        let device = self.steps[op as usize].device();
         let mut done = 0;
         loop {
             let step = &self.steps[op as usize];
@@ -472,14 +479,9 @@ impl<H: Host> Body for ReplayBody<H> {
             Poll::Ready(()) => {
                 runtime.long_ops.settle(|op, long| {
                     let step = &runtime.steps[op as usize];
-                    if step.slow.is_none() {
-                        let on = if long {
-                            NO_INLINE
-                        } else {
-                            step.resident.block().device_index()
-                        };
-                        step.inline_on.store(on, Ordering::Relaxed);
-                    }
+                    debug_assert!(step.slow.is_none(), "only ops run inline are measured");
+                    let on = if long { NO_INLINE } else { step.device() };
+                    step.inline_on.store(on, Ordering::Relaxed);
                 });
                 Poll::Ready(Ok(runtime.failure.lock().take()))
             }

@@ -255,7 +255,6 @@ impl<H: Host> Runtime<H> {
     /// Whether steps `a` and `b` are stream ops on one device.
     fn same_device(&self, a: u32, b: u32) -> bool {
         let (a, b) = (&self.steps[a as usize], &self.steps[b as usize]);
-        let device = |s: &super::Step| s.resident.block().device_index();
-        a.kind == Kind::Stream && b.kind == Kind::Stream && device(a) == device(b)
+        a.kind == Kind::Stream && b.kind == Kind::Stream && a.device() == b.device()
     }
 }
