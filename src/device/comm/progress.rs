@@ -9,7 +9,8 @@
 //! [`YIELD_ROUNDS`], then sleeps between rounds, from [`NAP_MIN`] doubling
 //! up to [`NAP_MAX`]; a completion or a newly issued request starts it
 //! spinning again (an issue wakes a sleeping thread). With nothing in
-//! flight it waits on a condition variable, using no CPU.
+//! flight it yields and looks for [`LINGER`], for a collective that
+//! follows at once, then waits on a condition variable, using no CPU.
 //!
 //! Owns the thread's round (testing under the state lock, completing
 //! outside it) and its back-off ([`Backoff`]); the requests and what they
@@ -21,7 +22,7 @@
 
 use std::ffi::c_int;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mpi::ffi;
 
@@ -39,6 +40,13 @@ const YIELD_ROUNDS: u32 = 256;
 const NAP_MIN: Duration = Duration::from_micros(10);
 /// The longest nap between two rounds of testing.
 const NAP_MAX: Duration = Duration::from_micros(200);
+/// How long the progress thread, its last request done, yields and looks
+/// for a new one before it waits on the condition variable: a collective
+/// issued within that time is tested at once, without waking the thread.
+/// `benches/mpi_allreduce.rs`, 2 ranks on 2 cores, 1 KiB: 8 µs per
+/// all-reduce without it, 7 with it; 8 pushed back to back, 8 µs each
+/// without, 3.5 with.
+const LINGER: Duration = Duration::from_micros(20);
 
 /// How long the progress thread waits before its next round of testing:
 /// spin, then yield, then naps growing to [`NAP_MAX`] (see the module
@@ -92,6 +100,7 @@ pub(super) fn progress(shared: &Shared) {
     let mut backoff = Backoff::default();
     let mut seen = 0u64; // requests issued as of the last round
     let mut pause = Pause::Spin;
+    let mut last_busy = Instant::now();
     loop {
         let mut st = shared.lock();
         if let Pause::Nap(nap) = pause {
@@ -106,8 +115,16 @@ pub(super) fn progress(shared: &Shared) {
                 free(shared.raw);
                 return;
             }
+            if last_busy.elapsed() < LINGER {
+                // The next collective often follows at once: be there.
+                drop(st);
+                std::thread::yield_now();
+                st = shared.lock();
+                continue;
+            }
             st = shared.cv.wait(st);
         }
+        last_busy = Instant::now();
         if st.issued != seen {
             seen = st.issued;
             backoff.reset();
