@@ -188,7 +188,9 @@ impl<T> OpHandle<T> {
     }
 
     /// Blocks the calling thread until the op has finished, and returns its
-    /// result.
+    /// result. The thread yields and looks again for some 20 µs before it
+    /// parks: an op that ends within that time is seen without a park and
+    /// a wake, which cost more.
     ///
     /// # Errors
     ///
