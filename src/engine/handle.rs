@@ -407,7 +407,9 @@ impl Wait {
         }
     }
 
-    /// Blocks the calling thread until the wait is over.
+    /// Blocks the calling thread until the wait is over (yielding and
+    /// looking again for some 20 µs before it parks, as
+    /// [`OpHandle::wait`] does).
     ///
     /// # Errors
     ///
