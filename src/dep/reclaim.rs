@@ -299,6 +299,7 @@ const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(2
 /// before it first parks: a result due within microseconds (an op on
 /// another thread, a collective completed by a progress thread) is then
 /// seen without a park and an unpark, which cost more than that wait.
+///
 /// While ops this thread pushed are unfinished it wakes now and then to free
 /// those that finished (its wakes do not say when they do): first after
 /// 100 µs, backing off to 10 ms while there is nothing to free, so that a
@@ -330,7 +331,8 @@ pub(crate) fn block_on_until<F: std::future::Future + Unpin>(
         if let Poll::Ready(out) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
             return Some(out);
         }
-        if Instant::now() < spin_until && deadline.is_none_or(|d| Instant::now() < d) {
+        let now = Instant::now();
+        if now < spin_until && deadline.is_none_or(|d| now < d) {
             std::thread::yield_now();
             continue;
         }
