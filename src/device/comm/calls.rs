@@ -97,6 +97,10 @@ pub(super) trait InFlight: Send + Sync {
     fn data_after_status(&self) -> bool {
         false
     }
+    /// The size of its data call on this rank, in bytes, for the issue
+    /// order's limit on data in flight (`order.rs`). Read before the call
+    /// is issued.
+    fn bytes(&self) -> usize;
 }
 
 /// The status word's datatype and the call every collective makes first.
@@ -296,6 +300,10 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
             w.wake();
         }
     }
+
+    fn bytes(&self) -> usize {
+        std::mem::size_of_val(self.lock().buf.as_slice())
+    }
 }
 
 /// What a rank issues in place of a collective it has no buffer for: the
@@ -388,6 +396,12 @@ impl InFlight for StandIn {
 
     fn data_after_status(&self) -> bool {
         true
+    }
+
+    /// 0: its length comes with its status word, and it holds the line
+    /// until then anyway (and failures are rare).
+    fn bytes(&self) -> usize {
+        0
     }
 }
 

@@ -164,11 +164,12 @@ pub(super) fn progress(shared: &Shared) {
             let message = format!("MPI_Testsome failed: {}", error_string(rc));
             st.requests.clear();
             st.held = false;
+            st.data_bytes = 0;
             st.closed = Some("MPI_Testsome failed: the communicator is unusable");
             done.extend(
                 st.in_flight
                     .drain(..)
-                    .map(|(p, part)| (p, part, Err(message.clone()), true)),
+                    .map(|(p, part, _)| (p, part, Err(message.clone()), true)),
             );
             shared.issue_ready(&mut st, &mut failed);
         } else if outcount > 0 {
@@ -178,9 +179,11 @@ pub(super) fn progress(shared: &Shared) {
             // From the last index down, so that `swap_remove` keeps the
             // others' indices.
             hit.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
+            let mut freed = 0; // bytes of the data calls done
             for (i, err) in hit.drain(..) {
                 st.requests.swap_remove(i);
-                let (p, part) = st.in_flight.swap_remove(i);
+                let (p, part, bytes) = st.in_flight.swap_remove(i);
+                freed += bytes;
                 let outcome = if in_status && err != ffi::MPI_SUCCESS as c_int {
                     Err(error_string(err))
                 } else {
@@ -190,6 +193,9 @@ pub(super) fn progress(shared: &Shared) {
                     shared.status_back(&mut st, &p, outcome.is_ok(), &mut failed);
                 }
                 done.push((p, part, outcome, false));
+            }
+            if freed > 0 {
+                shared.data_done(&mut st, freed, &mut failed);
             }
         }
         drop(st);
