@@ -23,8 +23,8 @@
 //!   submission, shutdown) and what a collective is ([`ReduceOp`],
 //!   [`Collective`]);
 //! - `order.rs`: the issue order (tickets, the line of submissions, a
-//!   failed rank's stand-in holding it) and the state every call is made
-//!   under;
+//!   failed rank's stand-in holding it, the limit on data in flight) and
+//!   the state every call is made under;
 //! - `progress.rs`: the progress thread and its back-off;
 //! - `calls.rs`: what one collective hands MPI (its status word, its data
 //!   call, a stand-in's zeroed buffer);
@@ -66,13 +66,11 @@
 //! one rank (an op's error, a poisoned input, a skipped collective) reach
 //! every rank as a failed collective rather than a hang.
 //!
-//! **Shutdown.** [`Comm::shutdown`] stops new issues (later submissions
-//! fail), lets the progress thread complete what is in flight (which needs
+//! **Shutdown.** [`Comm::shutdown`] issues what only the limit on data in
+//! flight held back, stops new issues (later submissions fail), lets the progress thread complete what is in flight (which needs
 //! the other ranks to take part), then frees the communicator; it waits
 //! until a deadline and reports what was still outstanding. It must happen
 //! before `MPI_Finalize` (rsmpi's `Universe` drop).
-
-// `unsafe`: calls into the MPI library; each block says why it is sound.
 
 // `unsafe`: calls into the MPI library; each block says why it is sound.
 #![allow(unsafe_code)]

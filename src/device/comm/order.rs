@@ -9,6 +9,14 @@
 //! order the ops become ready in. Collectives still overlap each other and
 //! computation: only the issue is ordered.
 //!
+//! **Data in flight.** At most [`MAX_DATA_IN_FLIGHT`] bytes of this rank's
+//! data calls are in flight at once (one larger collective goes alone): the
+//! next one waits in line until those before it complete, since large
+//! collectives sharing the cores and memory take longer together than one
+//! after the other. Only *when* a rank issues changes, never the order, so
+//! the ranks need not agree on it; a shutdown lifts the limit first
+//! (`comm.rs`).
+//!
 //! **A failure on one rank.** A ticket dropped unsubmitted (its op skipped
 //! on a poisoned or deleted input, cancelled, or refusing the collective in
 //! its body) still takes its place: a *stand-in* issues the status word
@@ -21,10 +29,11 @@
 //! rank instead of leaving the others waiting forever in their calls, and
 //! the ranks stay in step for the collectives after it.
 //!
-//! Owns the line of tickets and what is in flight (the requests, and the
-//! collective and part each is); `comm.rs` takes tickets and submits,
-//! `progress.rs` tests the requests and calls back in here when a
-//! stand-in's status word is back, `calls.rs` makes the calls.
+//! Owns the line of tickets and what is in flight (the requests, the
+//! collective and part each is, the bytes of the data calls); `comm.rs`
+//! takes tickets and submits, `progress.rs` tests the requests and calls
+//! back in here when a stand-in's status word is back or data calls
+//! complete, `calls.rs` makes the calls.
 
 // `unsafe`: the communicator's handle is sent between threads; the impls
 // say why that is sound.
