@@ -54,10 +54,9 @@ use crate::loom::sync::{Condvar, Mutex, MutexGuard};
 /// those before it to complete. Collectives sharing the two ranks' cores
 /// and memory take longer together than one after the other: 8 all-reduces
 /// of 1 MiB pushed back to back on 2 ranks (`benches/mpi_allreduce.rs`,
-/// libnbc's ring) took 506 to 558 µs each all in flight, 165 to 182 one at
-/// a time, against 124 for one alone; small ones gain from overlapping
-/// their latencies (1 KiB: 3.5 to 4.4 µs each all in flight, 4.6 to 5.1
-/// one at a time). The order they are issued in is unchanged, so every
+/// libnbc's ring) took 538 to 636 µs each all in flight, 141 to 176 with
+/// this limit; small ones gain from overlapping their latencies (1 KiB:
+/// 3.5 to 4.4 µs each all in flight, 4.6 to 5.1 one at a time). The order they are issued in is unchanged, so every
 /// rank still issues the same calls in the same order.
 pub(super) const MAX_DATA_IN_FLIGHT: usize = 64 << 10;
 
