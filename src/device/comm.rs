@@ -67,10 +67,11 @@
 //! every rank as a failed collective rather than a hang.
 //!
 //! **Shutdown.** [`Comm::shutdown`] issues what only the limit on data in
-//! flight held back, stops new issues (later submissions fail), lets the progress thread complete what is in flight (which needs
-//! the other ranks to take part), then frees the communicator; it waits
-//! until a deadline and reports what was still outstanding. It must happen
-//! before `MPI_Finalize` (rsmpi's `Universe` drop).
+//! flight held back, stops new issues (later submissions fail), lets the
+//! progress thread complete what is in flight (which needs the other ranks to
+//! take part), then frees the communicator; it waits until a deadline and
+//! reports what was still outstanding. It must happen before `MPI_Finalize`
+//! (rsmpi's `Universe` drop).
 
 // `unsafe`: calls into the MPI library; each block says why it is sound.
 #![allow(unsafe_code)]

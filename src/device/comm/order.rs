@@ -49,14 +49,14 @@ use super::calls::{InFlight, Part, Reason, Spec};
 use super::library::error_string;
 use crate::loom::sync::{Condvar, Mutex, MutexGuard};
 
-/// The most data (bytes, this rank's buffers) of the collectives in
-/// flight at once, unless one alone is larger: the next one waits for
-/// those before it to complete. Collectives sharing the two ranks' cores
-/// and memory take longer together than one after the other: 8 all-reduces
-/// of 1 MiB pushed back to back on 2 ranks (`benches/mpi_allreduce.rs`,
-/// libnbc's ring) took 538 to 636 µs each all in flight, 141 to 176 with
-/// this limit; small ones gain from overlapping their latencies (1 KiB:
-/// 3.5 to 4.4 µs each all in flight, 4.6 to 5.1 one at a time). The order they are issued in is unchanged, so every
+/// The most data (bytes, this rank's buffers) of the collectives in flight at
+/// once, unless one alone is larger: the next one waits for those before it to
+/// complete. Collectives sharing the two ranks' cores and memory take longer
+/// together than one after the other: 8 all-reduces of 1 MiB pushed back to
+/// back on 2 ranks (`benches/mpi_allreduce.rs`, libnbc's ring) took 538 to 636
+/// µs each all in flight, 141 to 176 with this limit; small ones gain from
+/// overlapping their latencies (1 KiB: 3.5 to 4.4 µs each all in flight, 4.6
+/// to 5.1 one at a time). The order they are issued in is unchanged, so every
 /// rank still issues the same calls in the same order.
 pub(super) const MAX_DATA_IN_FLIGHT: usize = 64 << 10;
 
