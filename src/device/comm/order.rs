@@ -103,6 +103,10 @@ pub(super) struct State {
     /// shutdown on, which issues what it held back (as it would have been
     /// without the limit) before failing the rest.
     pub(super) throttled: bool,
+    /// Whether the progress thread sleeps on the condition variable (set
+    /// and cleared by it, under this lock, around its waits): an issue
+    /// notifies it only then.
+    pub(super) asleep: bool,
     /// A stand-in's status word is in flight: nothing is issued until it
     /// comes back and the stand-in's data call is issued.
     pub(super) held: bool,
@@ -177,6 +181,7 @@ impl Shared {
                 in_flight: Vec::new(),
                 data_bytes: 0,
                 throttled: true,
+                asleep: false,
                 held: false,
                 issued: 0,
                 closed: None,
@@ -201,9 +206,11 @@ impl Shared {
         st.waiting[i] = slot;
         let before = st.issued;
         self.issue_ready(&mut st, &mut failed);
-        let issued = st.issued != before;
+        // A progress thread that does not sleep sees the issue on its next
+        // round: no notify (a system call) then.
+        let wake = st.issued != before && st.asleep;
         drop(st);
-        if issued {
+        if wake {
             self.cv.notify_one();
         }
         failed

@@ -117,7 +117,9 @@ pub(super) fn progress(shared: &Shared) {
         if let Pause::Nap(nap) = pause {
             // Woken early by an issue (`fill` notifies).
             if st.issued == seen && !st.requests.is_empty() {
+                st.asleep = true;
                 st = shared.cv.wait_timeout(st, nap).0;
+                st.asleep = false;
             }
         }
         while st.requests.is_empty() {
@@ -133,7 +135,9 @@ pub(super) fn progress(shared: &Shared) {
                 st = shared.lock();
                 continue;
             }
+            st.asleep = true;
             st = shared.cv.wait(st);
+            st.asleep = false;
         }
         last_busy = Instant::now();
         if st.issued != seen {
