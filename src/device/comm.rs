@@ -222,11 +222,9 @@ impl Comm {
         let mut failed: Failed = Vec::new();
         {
             let mut st = self.shared.lock();
-            // What only the limit on data in flight held back goes out, as
-            // it would have without the limit: the other ranks may have
-            // issued it.
-            st.throttled = false;
-            self.shared.issue_ready(&mut st, &mut failed);
+            // What only the limit on data in flight held back goes out: the
+            // other ranks may have issued it.
+            self.shared.issue_all_ready(&mut st, &mut failed);
             st.closed.get_or_insert(CLOSED);
             // (A stand-in's status word in flight still gets its data call:
             // the progress thread issues it, the other ranks wait for it.)

@@ -16,12 +16,12 @@
 //! One replay in [`SAMPLE_EVERY`], from the second on, measures how long
 //! its ops take, only those run while the thread keeps others (the only
 //! ones the choice is about), in a copy of the run loop apart (`run.rs`:
-//! `run_ops`): the other replays test nothing per op. When a measuring replay ends, an op is long if its last
-//! measure was at least [`LONG`] and at least [`RELATIVE`] times the mean
-//! of the other measured ops: long next to its graph's other ops, so that a
-//! uniformly slower machine (or valgrind) does not make every op long. The
-//! first replay is not measured: it takes the graph's lazily allocated
-//! memory and finds the caches cold.
+//! `run_ops`): the other replays test nothing per op. When a measuring
+//! replay ends, an op is long if its last measure was at least [`LONG`] and
+//! at least [`RELATIVE`] times the mean of the other measured ops: long
+//! next to its graph's other ops, so that a uniformly slower machine (or
+//! valgrind) does not make every op long. The first replay is not measured:
+//! it takes the graph's lazily allocated memory and finds the caches cold.
 //!
 //! | field | written by | read by |
 //! | --- | --- | --- |

@@ -99,10 +99,6 @@ pub(super) struct State {
     pub(super) in_flight: Vec<(Arc<dyn InFlight>, Part, usize)>,
     /// The bytes of the data calls in flight (see [`MAX_DATA_IN_FLIGHT`]).
     pub(super) data_bytes: usize,
-    /// Whether [`MAX_DATA_IN_FLIGHT`] holds collectives back: not from
-    /// shutdown on, which issues what it held back (as it would have been
-    /// without the limit) before failing the rest.
-    pub(super) throttled: bool,
     /// Whether the progress thread sleeps on the condition variable (set
     /// and cleared by it, under this lock, around its waits): an issue
     /// notifies it only then.
@@ -180,7 +176,6 @@ impl Shared {
                 requests: Vec::new(),
                 in_flight: Vec::new(),
                 data_bytes: 0,
-                throttled: true,
                 asleep: false,
                 held: false,
                 issued: 0,
@@ -221,10 +216,24 @@ impl Shared {
     /// flight, or a collective whose data would pass
     /// [`MAX_DATA_IN_FLIGHT`]; what fails goes to `failed`.
     pub(super) fn issue_ready(&self, st: &mut State, failed: &mut Failed) {
+        self.issue_within(st, failed, MAX_DATA_IN_FLIGHT);
+    }
+
+    /// [`issue_ready`](Self::issue_ready) without the limit on data in
+    /// flight: what only the limit held back goes out, as it would have
+    /// without it (for a shutdown, which then fails the rest: the other
+    /// ranks may have issued it).
+    pub(super) fn issue_all_ready(&self, st: &mut State, failed: &mut Failed) {
+        self.issue_within(st, failed, usize::MAX);
+    }
+
+    /// [`issue_ready`](Self::issue_ready) with at most `limit` bytes of
+    /// data in flight.
+    fn issue_within(&self, st: &mut State, failed: &mut Failed, limit: usize) {
         while !st.held && matches!(st.waiting.front(), Some(Slot::Submitted(_) | Slot::Void)) {
             if let Some(Slot::Submitted(p)) = st.waiting.front()
                 && st.closed.is_none()
-                && !st.has_room_for(p.bytes())
+                && !st.has_room_for(p.bytes(), limit)
             {
                 break;
             }
@@ -301,11 +310,9 @@ impl State {
     }
 
     /// Whether a collective of `bytes` may go out now: nothing is in
-    /// flight, or it keeps the data in flight within the limit.
-    fn has_room_for(&self, bytes: usize) -> bool {
-        !self.throttled
-            || self.data_bytes == 0
-            || self.data_bytes.saturating_add(bytes) <= MAX_DATA_IN_FLIGHT
+    /// flight, or it keeps the data in flight within `limit`.
+    fn has_room_for(&self, bytes: usize, limit: usize) -> bool {
+        self.data_bytes == 0 || self.data_bytes.saturating_add(bytes) <= limit
     }
 }
 
@@ -454,7 +461,7 @@ mod tests {
     }
 
     #[test]
-    fn what_the_limit_held_back_goes_out_once_unthrottled_at_shutdown() {
+    fn what_the_limit_held_back_goes_out_when_all_ready_is_issued_at_shutdown() {
         let s = shared();
         let log = Log::default();
         for id in 0..3 {
@@ -462,8 +469,7 @@ mod tests {
         }
         assert_eq!(*log.lock().unwrap(), status_then_data(&[0]));
         let (mut st, mut failed) = (s.lock(), Vec::new());
-        st.throttled = false;
-        s.issue_ready(&mut st, &mut failed);
+        s.issue_all_ready(&mut st, &mut failed);
         assert_eq!(*log.lock().unwrap(), status_then_data(&[0, 1, 2]));
         assert!(failed.is_empty());
     }

@@ -108,10 +108,11 @@ pub(super) fn progress(shared: &Shared) {
     let mut done: Vec<Done> = Vec::new();
     let mut failed: Failed = Vec::new();
     let mut hit: Vec<(usize, c_int)> = Vec::new();
-    let mut backoff = Backoff::new(Instant::now());
+    // When the last round with requests in flight began: the round's clock.
+    let mut last_busy = Instant::now();
+    let mut backoff = Backoff::new(last_busy);
     let mut seen = 0u64; // requests issued as of the last round
     let mut pause = Pause::Spin;
-    let mut last_busy = Instant::now();
     loop {
         let mut st = shared.lock();
         if let Pause::Nap(nap) = pause {
@@ -204,14 +205,14 @@ pub(super) fn progress(shared: &Shared) {
         }
         drop(st);
         if done.is_empty() && failed.is_empty() {
-            pause = backoff.next(Instant::now());
+            pause = backoff.next(last_busy);
             match pause {
                 Pause::Spin => std::hint::spin_loop(),
                 Pause::Yield => std::thread::yield_now(),
                 Pause::Nap(_) => {} // at the top, under the lock
             }
         } else {
-            backoff.reset(Instant::now());
+            backoff.reset(last_busy);
             pause = Pause::Spin;
             for (p, part, outcome, leak) in done.drain(..) {
                 p.done(part, outcome, leak);
