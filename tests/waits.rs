@@ -167,3 +167,64 @@ fn a_timed_wait_inside_an_op_is_refused() {
         engine.wait_all().wait().unwrap();
     });
 }
+
+/// A value whose drop waits for an op: kept in a thread-local, it waits as
+/// its thread exits.
+struct WaitsOnDrop(Option<(Engine, mpsc::Sender<u32>)>);
+
+impl Drop for WaitsOnDrop {
+    fn drop(&mut self) {
+        let Some((engine, done)) = self.0.take() else {
+            return;
+        };
+        let v = engine.var(41_u32);
+        let k = v.key();
+        let out = engine
+            .push(&[], &[&v], move |ctx| {
+                *ctx.write(k)? += 1;
+                Ok(*ctx.read(k)?)
+            })
+            .unwrap()
+            .wait()
+            .unwrap();
+        done.send(out).unwrap();
+    }
+}
+
+thread_local! {
+    static WAITS_AT_EXIT: std::cell::RefCell<WaitsOnDrop> =
+        const { std::cell::RefCell::new(WaitsOnDrop(None)) };
+}
+
+#[test]
+fn a_wait_in_a_thread_locals_destructor_completes() {
+    // A blocking wait keeps its waker in a thread-local: as a thread exits it
+    // may be gone before another thread-local's destructor waits. Both
+    // orders of first use, so that one thread sees each.
+    within(HUNG, || {
+        let engine = Engine::new();
+        let (done, results) = mpsc::channel();
+        let threads: Vec<_> = [false, true]
+            .into_iter()
+            .map(|waited_first| {
+                let (engine, done) = (engine.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let v = engine.var(0_u32);
+                    let wait = || engine.push(&[&v], &[], |_| Ok(())).unwrap().wait().unwrap();
+                    if waited_first {
+                        wait();
+                    }
+                    WAITS_AT_EXIT.with(|w| w.borrow_mut().0 = Some((engine.clone(), done)));
+                    if !waited_first {
+                        wait();
+                    }
+                })
+            })
+            .collect();
+        drop(done);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(results.iter().collect::<Vec<_>>(), [42, 42]);
+    });
+}

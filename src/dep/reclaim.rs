@@ -308,11 +308,24 @@ pub(crate) fn block_on_until<F: std::future::Future + Unpin>(
     mut fut: F,
     deadline: Option<std::time::Instant>,
 ) -> Option<F::Output> {
-    use std::task::{Context, Poll, Wake, Waker};
-    use std::time::{Duration, Instant};
+    UNPARK
+        .try_with(|waker| wait_until(&mut fut, deadline, waker.get_or_init(unpark_current)))
+        // The thread is exiting (a thread-local's destructor waits): a waker
+        // of its own then.
+        .unwrap_or_else(|_| wait_until(&mut fut, deadline, &unpark_current()))
+}
 
+crate::loom::thread::thread_local! {
+    /// The calling thread's waker for blocking waits, made by its first
+    /// one: a wait then allocates nothing (the waker is an `Arc`, and
+    /// `thread::current()` one more reference count).
+    static UNPARK: std::cell::OnceCell<std::task::Waker> = const { std::cell::OnceCell::new() };
+}
+
+/// A waker that unparks the calling thread.
+fn unpark_current() -> std::task::Waker {
     struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
+    impl std::task::Wake for Unpark {
         fn wake(self: std::sync::Arc<Self>) {
             self.0.unpark();
         }
@@ -320,19 +333,32 @@ pub(crate) fn block_on_until<F: std::future::Future + Unpin>(
             self.0.unpark();
         }
     }
+    std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())))
+}
+
+/// [`block_on_until`]'s loop, with the thread's waker.
+fn wait_until<F: std::future::Future + Unpin>(
+    fut: &mut F,
+    deadline: Option<std::time::Instant>,
+    waker: &std::task::Waker,
+) -> Option<F::Output> {
+    use std::task::{Context, Poll};
+    use std::time::{Duration, Instant};
 
     const FIRST_LOOK: Duration = Duration::from_micros(100);
     const LAST_LOOK: Duration = Duration::from_millis(10);
-    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
+    let mut cx = Context::from_waker(waker);
     let mut look = FIRST_LOOK;
-    let spin_until = Instant::now() + SPIN_BEFORE_PARK;
+    // Read the clock only once the future is found pending.
+    let mut spin_until = None;
     loop {
-        if let Poll::Ready(out) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
+        if let Poll::Ready(out) = std::pin::Pin::new(&mut *fut).poll(&mut cx) {
             return Some(out);
         }
         let now = Instant::now();
-        if now < spin_until && deadline.is_none_or(|d| now < d) {
+        if now < *spin_until.get_or_insert(now + SPIN_BEFORE_PARK)
+            && deadline.is_none_or(|d| now < d)
+        {
             std::thread::yield_now();
             continue;
         }
