@@ -112,9 +112,10 @@ impl fmt::Debug for Device {
 /// ```
 pub struct OpCtx {
     op: *const OpBlock,
-    /// The op's edges, which its block keeps in place while the context
-    /// lives: at hand for each lookup.
-    edges: *const [OpEdge],
+    /// The op's first `SCAN_MAX` edges (all of most ops'), which its block
+    /// keeps in place while the context lives: at hand for each lookup,
+    /// bounded once rather than per lookup.
+    scanned: *const [OpEdge],
     /// One borrow counter per mutated variable, at the index of its edge
     /// (writes come first among the op's edges); reads need none.
     borrows: Borrows,
@@ -203,13 +204,20 @@ impl Borrows {
     }
 }
 
+/// The edges of `op` a lookup scans: its first `SCAN_MAX`.
+#[inline]
+fn scanned(op: &OpBlock) -> *const [OpEdge] {
+    let edges = op.edges();
+    &edges[..edges.len().min(SCAN_MAX)]
+}
+
 impl OpCtx {
     /// A context borrowed for one call of a synchronous body.
     #[inline]
     pub(crate) fn borrowed(op: &OpBlock, env: &Env<'_>) -> Self {
         Self {
             op,
-            edges: op.edges(),
+            scanned: scanned(op),
             borrows: Borrows::of(op),
             lease: None,
             stream: env.stream.map_or(std::ptr::null(), |s| s),
@@ -225,7 +233,7 @@ impl OpCtx {
     pub(crate) fn resident(op: &OpBlock, engine: u64) -> Self {
         Self {
             op,
-            edges: op.edges(),
+            scanned: scanned(op),
             borrows: Borrows::of(op),
             lease: None,
             stream: std::ptr::null(),
@@ -250,7 +258,7 @@ impl OpCtx {
         op.status.fetch_or(2, Ordering::Relaxed);
         Self {
             op,
-            edges: op.edges(),
+            scanned: scanned(op),
             borrows: Borrows::of(op),
             lease: Some(Lease {
                 anchor,
@@ -262,11 +270,12 @@ impl OpCtx {
         }
     }
 
+    /// The edges a lookup scans (`SCAN_MAX` at most).
     #[inline]
-    fn edges(&self) -> &[OpEdge] {
+    fn scanned(&self) -> &[OpEdge] {
         // SAFETY: as in `op`: the block (and so its edges, which never
         // change once it is made) is alive while the context is.
-        unsafe { &*self.edges }
+        unsafe { &*self.scanned }
     }
 
     #[inline]
@@ -282,21 +291,27 @@ impl OpCtx {
     /// that an op on one or two variables pays one `min` for it).
     #[inline]
     pub(super) fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
-        let edges = self.edges();
-        let scanned = &edges[..edges.len().min(SCAN_MAX)];
-        match scanned.iter().enumerate().find(|(_, e)| key.names(&e.var)) {
+        match self
+            .scanned()
+            .iter()
+            .enumerate()
+            .find(|(_, e)| key.names(&e.var))
+        {
             Some(found) => Ok(found),
-            None if edges.len() > SCAN_MAX => self.find_indexed(key.id()),
-            None => Err(Error::NotDeclared(key.id())),
+            None => self.find_indexed(key.id()),
         }
     }
 
-    /// [`find`](Self::find) for an op on many variables: a binary search
-    /// in the index, which the first lookup builds.
+    /// [`find`](Self::find) past the scanned edges: for an op on many
+    /// variables a binary search in the index, which the first lookup
+    /// builds; for the others, not declared.
     #[cold]
     #[inline(never)]
     fn find_indexed(&self, id: VarId) -> Result<(usize, &OpEdge), Error> {
-        let edges = self.edges();
+        let edges = self.op().edges();
+        if edges.len() <= SCAN_MAX {
+            return Err(Error::NotDeclared(id));
+        }
         let mut index = self.index.load(Ordering::Acquire);
         if index.is_null() {
             let mut built: Index = edges
