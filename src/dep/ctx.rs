@@ -286,9 +286,10 @@ impl OpCtx {
         unsafe { &*self.op }
     }
 
-    /// The op's edge on the variable `key` names: found by a scan among
-    /// the first `SCAN_MAX` edges, then in the index if there are more (so
-    /// that an op on one or two variables pays one `min` for it).
+    /// The op's edge on the variable `key` names: found by a scan of the
+    /// first `SCAN_MAX` edges (bounded when the context was made), then, out
+    /// of line, in the index if there are more (so that an op on one or two
+    /// variables pays for neither).
     #[inline]
     pub(super) fn find<T>(&self, key: VarKey<T>) -> Result<(usize, &OpEdge), Error> {
         match self
