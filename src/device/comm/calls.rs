@@ -199,6 +199,10 @@ pub(crate) struct Pending<T> {
     /// call completes. Written by MPI between the status call's issue and
     /// its completion, read only after (in `done`, on the progress thread).
     word: UnsafeCell<[i64; 2]>,
+    /// The buffer's size in bytes, for the limit on data in flight: taken
+    /// when made (the buffer keeps its length until the data call is done),
+    /// so that the issue order reads it without the lock.
+    bytes: usize,
     slot: Mutex<Outcome<T>>,
 }
 
@@ -223,6 +227,7 @@ impl<T> Pending<T> {
             what,
             size,
             word: UnsafeCell::new([0, 0]),
+            bytes: std::mem::size_of_val(buf.as_slice()),
             slot: Mutex::new(Outcome {
                 buf,
                 left: 2,
@@ -302,7 +307,7 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
     }
 
     fn bytes(&self) -> usize {
-        std::mem::size_of_val(self.lock().buf.as_slice())
+        self.bytes
     }
 }
 
