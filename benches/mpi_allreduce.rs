@@ -85,6 +85,7 @@ fn main() {
         let blocks = if quick { 3 } else { 7 };
         // Zeros while timed (sums that stay finite), then one checked call.
         let mut direct_buf = vec![0.0f32; n];
+        let mut nonblocking_buf = vec![0.0f32; n];
         let var = engine.var(vec![0.0f32; n]);
         // Eight buffers reduced back to back (as a training step's
         // gradients are), up to 16 MiB each: the time per all-reduce.
@@ -99,19 +100,25 @@ fn main() {
         let mut batched = Vec::new();
         // A warm-up of each path, then the blocks.
         for block in 0..=blocks {
+            // Each path on a buffer of its own, first warmed by one call
+            // that is not timed: a path timed right after another on the
+            // same buffer would find it in cache, the next one not.
             world.barrier();
+            direct_allreduce(&world, &mut direct_buf);
             let t = Instant::now();
             for _ in 0..calls {
                 direct_allreduce(&world, &mut direct_buf);
             }
             let d = t.elapsed().as_secs_f64() / calls as f64;
             world.barrier();
+            direct_iallreduce(&world, &mut nonblocking_buf);
             let t = Instant::now();
             for _ in 0..calls {
-                direct_iallreduce(&world, &mut direct_buf);
+                direct_iallreduce(&world, &mut nonblocking_buf);
             }
             let i = t.elapsed().as_secs_f64() / calls as f64;
             world.barrier();
+            comm.all_reduce(&var).push().unwrap().wait().unwrap();
             let t = Instant::now();
             for _ in 0..calls {
                 comm.all_reduce(&var).push().unwrap().wait().unwrap();
