@@ -132,6 +132,7 @@ fn checks(world: &mpi::topology::SimpleCommunicator) {
 
     issue_order_is_push_order(&engine, &comm);
     many_in_flight(&engine, &comm);
+    large_all_reduces(&engine, &comm);
     errors(&engine, &comm);
     one_rank_fails(&engine, &comm);
     waiting_costs_no_core(&engine, &comm);
@@ -209,6 +210,139 @@ fn many_in_flight(engine: &Engine, comm: &Communicator) {
         h.wait().unwrap();
         let want: u64 = (0..size).map(|r| (r + i) as u64).sum();
         assert_eq!(engine.get(v).wait().unwrap(), vec![want; 1 + i * 37]);
+    }
+}
+
+/// All-reduces of 64 KiB and more (the engine's own ring on 2 ranks or
+/// more): lengths that no rank count divides, sums, maxima and minima of
+/// several types, several in flight, inexact sums that must give every
+/// rank the same bits, and a ring skipped on one rank, which fails on
+/// every rank and leaves them in step.
+fn large_all_reduces(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let limit = Duration::from_secs(60);
+    let ranks = 0..size;
+
+    // f32 sums of exact values, 16 411 elements (just over 64 KiB).
+    let n = 16_411;
+    let v = engine.var((0..n).map(|i| ((rank + 1) * (i % 7)) as f32).collect());
+    comm.all_reduce(&v).push().unwrap().wait().unwrap();
+    let want: Vec<f32> = (0..n)
+        .map(|i| ((i % 7) * size * (size + 1) / 2) as f32)
+        .collect();
+    same(
+        &engine.get(&v).wait().unwrap(),
+        &want,
+        &format!("rank {rank}: f32 sum"),
+    );
+
+    // i32 maxima and minima, 40 009 elements.
+    let n = 40_009;
+    let value = |r: usize, i: usize| ((r * 7 + i * 3) % 13) as i32 - 6;
+    for (op, pick) in [
+        (ReduceOp::Max, i32::max as fn(i32, i32) -> i32),
+        (ReduceOp::Min, i32::min),
+    ] {
+        let v = engine.var((0..n).map(|i| value(rank, i)).collect());
+        comm.all_reduce(&v)
+            .reduce(op)
+            .push()
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want: Vec<i32> = (0..n)
+            .map(|i| ranks.clone().map(|r| value(r, i)).reduce(pick).unwrap())
+            .collect();
+        same(
+            &engine.get(&v).wait().unwrap(),
+            &want,
+            &format!("rank {rank}: {op:?}"),
+        );
+    }
+
+    // Four f64 sums in flight at once, of different lengths.
+    let vars: Vec<Var<Vec<f64>>> = (0..4)
+        .map(|k| engine.var(vec![(rank + k) as f64; 9_000 + 1_001 * k]))
+        .collect();
+    let handles: Vec<_> = vars
+        .iter()
+        .map(|v| comm.all_reduce(v).push().unwrap())
+        .collect();
+    for (k, (v, mut h)) in vars.iter().zip(handles).enumerate() {
+        h.wait_timeout(limit).unwrap();
+        let want = ranks.clone().map(|r| (r + k) as f64).sum::<f64>();
+        let want = vec![want; 9_000 + 1_001 * k];
+        same(
+            &engine.get(v).wait().unwrap(),
+            &want,
+            &format!("rank {rank}: sum {k}"),
+        );
+    }
+
+    // Inexact sums (thirds of different sizes): the same bits everywhere.
+    let v = engine.var(
+        (0..30_000)
+            .map(|i| (i + rank * 977) as f32 / 3.0)
+            .collect::<Vec<f32>>(),
+    );
+    comm.all_reduce(&v).push().unwrap().wait().unwrap();
+    let d = digest32(&engine.get(&v).wait().unwrap());
+    assert!(
+        gathered(engine, comm, d).iter().all(|&x| x == d),
+        "rank {rank}: the ranks' sums differ"
+    );
+
+    // Skipped on the last rank (a poisoned input): its stand-in takes part
+    // in the ring with zeros, every other rank fails naming it, and the
+    // next ring succeeds everywhere.
+    if size < 2 {
+        return;
+    }
+    let last = size - 1;
+    let v = engine.var(vec![1.0f64; 20_000]);
+    if rank == last {
+        engine
+            .op()
+            .mutates(&[&v])
+            .run(|_| Err::<(), _>("no gradient here".into()))
+            .unwrap();
+    }
+    let r = comm
+        .all_reduce(&v)
+        .name("big")
+        .push()
+        .unwrap()
+        .wait_timeout(limit);
+    if rank == last {
+        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+    } else {
+        let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
+        assert!(
+            m.starts_with(&format!("big: rank {last} failed its part")),
+            "{m}"
+        );
+    }
+    let w = engine.var(vec![2.0f64; 20_000]);
+    comm.all_reduce(&w)
+        .push()
+        .unwrap()
+        .wait_timeout(limit)
+        .unwrap();
+    let want = vec![2.0 * size as f64; 20_000];
+    same(
+        &engine.get(&w).wait().unwrap(),
+        &want,
+        &format!("rank {rank}: after"),
+    );
+    engine.wait_all().wait().ok(); // the failure above, recorded
+}
+
+/// `got == want`, or a panic naming the first element that differs (not
+/// the whole of two long vectors).
+fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!("{what}: element {i} is {:?}, not {:?}", got[i], want[i]);
     }
 }
 

@@ -28,6 +28,8 @@
 //! - `progress.rs`: the progress thread and its back-off;
 //! - `calls.rs`: what one collective hands MPI (its status word, its data
 //!   call, a stand-in's zeroed buffer);
+//! - `ring.rs`: the data call of a large all-reduce, the engine's own ring
+//!   of point-to-point calls;
 //! - `library.rs`: what is asked of the MPI library itself (error
 //!   messages, `MPI_IN_PLACE`).
 //!
@@ -80,6 +82,7 @@ mod calls;
 mod library;
 mod order;
 mod progress;
+mod ring;
 
 use std::ffi::c_int;
 use std::sync::Arc;

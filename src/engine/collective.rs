@@ -44,6 +44,16 @@ use crate::error::{BoxError, Error};
 /// ready in. So push a communicator's collectives from one thread, in the
 /// same order on every rank (as an MPI program calls them).
 ///
+/// **Large all-reduces.** From 64 KiB on 2 ranks or more, an all-reduce is
+/// the engine's own ring of point-to-point calls (`MPI_Isend`/`MPI_Irecv`,
+/// reduce-scatter then all-gather, each chunk folded with
+/// `MPI_Reduce_local`), stepped by the progress thread, rather than
+/// `MPI_Iallreduce`: Open MPI's default non-blocking algorithm takes about
+/// twice its blocking `MPI_Allreduce` there on 2 ranks. Every rank ends with
+/// the same bits; the order of the reduction is the ring's (chunk `c`
+/// folds from rank `c` around the ring), so a float sum may differ in its
+/// last bits from `MPI_Allreduce`'s.
+///
 /// **A failure on one rank.** A collective whose op does not run on some
 /// rank (a poisoned or deleted input, cancelled) or refuses it there (an
 /// all-gather output of the wrong length) still takes its part on that
@@ -70,7 +80,8 @@ use crate::error::{BoxError, Error};
 /// so treat an MPI error as the end of the job. A root out of range is
 /// refused at push (the same on every rank). Lengths that differ between
 /// ranks cannot be seen locally: MPI may report them (a truncation) or
-/// not.
+/// not, and where they put one rank's all-reduce on either side of 64 KiB
+/// the ranks make different calls and wait for each other.
 ///
 /// **Shutdown.** [`shutdown`](Communicator::shutdown) (or the drop of the
 /// last handle, after the last op that uses it) lets the collectives in

@@ -16,6 +16,12 @@
 //! status word that some rank failed: the collective fails on every rank,
 //! naming the lowest failing rank and why.
 //!
+//! **The data call** is MPI's non-blocking collective, except an
+//! all-reduce of [`RING_FROM`] bytes or more on 2 ranks or more: that is
+//! the engine's own ring of point-to-point calls (`ring.rs`), several
+//! requests in turn, which the progress thread steps through
+//! ([`InFlight::advance`]).
+//!
 //! Owns the buffers MPI writes while a call is in flight; the issue order
 //! and the lock every call is made under are `order.rs`'s, the progress
 //! thread `progress.rs`'s.
@@ -34,6 +40,7 @@ use std::task::{Context, Poll, Waker};
 use mpi::ffi;
 use mpi::traits::{AsRaw, Equivalence};
 
+use super::ring::{RING_FROM, Ring, Step};
 use super::{Collective, Shared};
 
 /// Which of a collective's two calls a request is.
@@ -84,11 +91,55 @@ fn failed_rank(word: i64, size: usize) -> Option<String> {
     })
 }
 
-/// A collective MPI works on: its two calls, each issued once and
-/// completed once.
+/// The requests one issue starts: one, or a ring step's two.
+pub(super) struct Requests {
+    list: [ffi::MPI_Request; 2],
+    len: usize,
+}
+
+impl Default for Requests {
+    fn default() -> Self {
+        // SAFETY: rsmpi's null request, a plain value.
+        let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+        Self {
+            list: [null; 2],
+            len: 0,
+        }
+    }
+}
+
+impl Requests {
+    /// Where the next call writes its request.
+    ///
+    /// # Panics
+    ///
+    /// Past two requests.
+    pub(super) fn slot(&mut self) -> &mut ffi::MPI_Request {
+        self.len += 1;
+        &mut self.list[self.len - 1]
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = ffi::MPI_Request> + '_ {
+        self.list[..self.len].iter().copied()
+    }
+}
+
+/// A collective MPI works on: its two parts, each issued once and
+/// completed once. The data part may be several requests, in turn.
 pub(super) trait InFlight: Send + Sync {
-    /// Issues `part`; `Err`: MPI's error code.
-    fn issue(&self, shared: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int>;
+    /// Issues `part` (`tag`: the data call's own tag, for a ring); `Err`:
+    /// MPI's error code, nothing left in flight.
+    fn issue(&self, shared: &Shared, part: Part, tag: c_int) -> Result<Requests, c_int>;
+    /// One request of the data part completed with `outcome` (called
+    /// under the state lock): whether the part waits for another, goes on
+    /// with more requests, or is done.
+    fn advance(&self, shared: &Shared, outcome: Result<(), String>) -> Step {
+        let _ = shared;
+        Step::Done {
+            outcome,
+            leak: false,
+        }
+    }
     /// MPI is done with `part` (`leak`: it may not be; its buffer is
     /// leaked).
     fn done(&self, part: Part, outcome: Result<(), String>, leak: bool);
@@ -109,7 +160,7 @@ pub(super) trait InFlight: Send + Sync {
 ///
 /// `word` must stay valid and untouched by anyone else until the request
 /// completes; called under the state lock.
-unsafe fn issue_status(shared: &Shared, word: *mut i64) -> Result<ffi::MPI_Request, c_int> {
+unsafe fn issue_status(shared: &Shared, word: *mut i64) -> Result<Requests, c_int> {
     start(|request| {
         // SAFETY: `word` points to two i64s (the caller's promise),
         // MPI_INT64_T and MPI_MAX are predefined, `raw` is live and called
@@ -130,30 +181,56 @@ unsafe fn issue_status(shared: &Shared, word: *mut i64) -> Result<ffi::MPI_Reque
 
 /// Starts a non-blocking call: `call` makes it, writing its request, and
 /// returns MPI's code. `Err`: the code, when not `MPI_SUCCESS`.
-fn start(call: impl FnOnce(&mut ffi::MPI_Request) -> c_int) -> Result<ffi::MPI_Request, c_int> {
-    // SAFETY: rsmpi's null request, a plain value.
-    let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    match call(&mut request) {
-        rc if rc == ffi::MPI_SUCCESS as c_int => Ok(request),
+fn start(call: impl FnOnce(&mut ffi::MPI_Request) -> c_int) -> Result<Requests, c_int> {
+    let mut requests = Requests::default();
+    match call(requests.slot()) {
+        rc if rc == ffi::MPI_SUCCESS as c_int => Ok(requests),
         rc => Err(rc),
     }
 }
 
-/// Issues `what` on `len` elements of `datatype` at `ptr`.
+/// A data call's buffer: `len` elements of `elem` bytes of `datatype` at
+/// `ptr`.
+struct Buffer {
+    ptr: *mut c_void,
+    len: usize,
+    elem: usize,
+    datatype: ffi::MPI_Datatype,
+}
+
+/// Issues `what` on `buf`: a [`Ring`] (kept in `ring`) for a large
+/// all-reduce on several ranks, else MPI's non-blocking collective.
 ///
 /// # Safety
 ///
-/// `ptr` must hold `len` elements of `datatype` and stay valid and
-/// untouched until the request completes; called under the state lock.
+/// `buf.ptr` must hold `buf.len` elements of `buf.datatype` and stay valid
+/// and untouched until the data part is done; called under the state lock.
 unsafe fn issue_data(
     shared: &Shared,
     what: Collective,
-    size: usize,
-    ptr: *mut c_void,
-    len: usize,
-    datatype: ffi::MPI_Datatype,
-) -> Result<ffi::MPI_Request, c_int> {
+    buf: Buffer,
+    tag: c_int,
+    ring: &Mutex<Option<Ring>>,
+) -> Result<Requests, c_int> {
+    let Buffer {
+        ptr,
+        len,
+        elem,
+        datatype,
+    } = buf;
+    let size = shared.size;
     let count = c_int::try_from(len).map_err(|_| MPI_ERR_COUNT)?;
+    if let Collective::AllReduce(op) = what
+        && size > 1
+        && len * elem >= RING_FROM
+    {
+        // SAFETY: the caller's promise on `ptr`, for as long as the ring
+        // runs (the data part is done only when the ring is).
+        let mut r = unsafe { Ring::new(shared, ptr, len, elem, (datatype, op.raw()), tag) };
+        let requests = r.start(shared)?;
+        *ring.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        return Ok(requests);
+    }
     start(|request| {
         // SAFETY: the caller's promise on `ptr`; `raw` is a live
         // communicator, called under the state lock.
@@ -204,11 +281,13 @@ pub(crate) struct Pending<T> {
     /// so that the issue order reads it without the lock.
     bytes: usize,
     slot: Mutex<Outcome<T>>,
+    /// The data call's ring, if it is one (set at its issue).
+    ring: Mutex<Option<Ring>>,
 }
 
 // SAFETY: `word` is written by this rank's issue (under the state lock),
 // then by MPI, and read by the progress thread once the request completed:
-// never two at once. The rest is behind the mutex.
+// never two at once. The rest is behind the mutexes.
 unsafe impl<T: Send> Sync for Pending<T> {}
 
 struct Outcome<T> {
@@ -235,6 +314,7 @@ impl<T> Pending<T> {
                 result: None,
                 waker: None,
             }),
+            ring: Mutex::new(None),
         }
     }
 
@@ -243,8 +323,25 @@ impl<T> Pending<T> {
     }
 }
 
+/// [`InFlight::advance`] for a data call that may be a ring.
+fn advance(ring: &Mutex<Option<Ring>>, shared: &Shared, outcome: Result<(), String>) -> Step {
+    match ring.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        Some(ring) => ring.advance(shared, outcome),
+        None => Step::Done {
+            outcome,
+            leak: false,
+        },
+    }
+}
+
+/// A data call MPI may still write after its part is done (`leak`): its
+/// ring's scratch chunk is leaked with its buffer.
+fn leak_ring(ring: &Mutex<Option<Ring>>) {
+    std::mem::forget(ring.lock().unwrap_or_else(|p| p.into_inner()).take());
+}
+
 impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
-    fn issue(&self, shared: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int> {
+    fn issue(&self, shared: &Shared, part: Part, tag: c_int) -> Result<Requests, c_int> {
         let mut slot = self.lock();
         let len = slot.buf.len();
         let ptr = slot.buf.as_mut_ptr().cast::<c_void>();
@@ -266,22 +363,26 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
             // kept alive by the progress thread until then, and its owner
             // looks at `buf` only once `result` is set).
             Part::Data => unsafe {
-                issue_data(
-                    shared,
-                    self.what,
-                    self.size,
+                let buf = Buffer {
                     ptr,
                     len,
-                    T::equivalent_datatype().as_raw(),
-                )
+                    elem: std::mem::size_of::<T>(),
+                    datatype: T::equivalent_datatype().as_raw(),
+                };
+                issue_data(shared, self.what, buf, tag, &self.ring)
             },
         }
+    }
+
+    fn advance(&self, shared: &Shared, outcome: Result<(), String>) -> Step {
+        advance(&self.ring, shared, outcome)
     }
 
     fn done(&self, part: Part, outcome: Result<(), String>, leak: bool) {
         let mut slot = self.lock();
         if leak && part == Part::Data {
             std::mem::forget(std::mem::take(&mut slot.buf));
+            leak_ring(&self.ring);
         }
         if let Err(e) = outcome {
             slot.error.get_or_insert(e);
@@ -316,7 +417,6 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
 /// buffer of the others' length. Made only on failure.
 pub(super) struct StandIn {
     what: Collective,
-    size: usize,
     datatype: fn() -> ffi::MPI_Datatype,
     /// `size_of` the element type.
     elem: usize,
@@ -326,6 +426,8 @@ pub(super) struct StandIn {
     /// The zeroed buffer of the data call (in `u64`s: aligned for every
     /// basic type), allocated when it is issued.
     buf: Mutex<Vec<u64>>,
+    /// The data call's ring, if it is one (as [`Pending`]'s).
+    ring: Mutex<Option<Ring>>,
 }
 
 // SAFETY: as `Pending`'s `word`: written at issue, by MPI, then read by
@@ -362,17 +464,17 @@ impl Spec {
     pub(super) fn stand_in(&self, rank: usize, size: usize, reason: Reason) -> StandIn {
         StandIn {
             what: self.what,
-            size,
             datatype: self.datatype,
             elem: self.elem,
             word: UnsafeCell::new([failure_word(rank, size, reason), 0]),
             buf: Mutex::new(Vec::new()),
+            ring: Mutex::new(None),
         }
     }
 }
 
 impl InFlight for StandIn {
-    fn issue(&self, shared: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int> {
+    fn issue(&self, shared: &Shared, part: Part, tag: c_int) -> Result<Requests, c_int> {
         match part {
             // SAFETY: issued once; `word` is MPI's until it completes.
             Part::Status => unsafe { issue_status(shared, self.word.get().cast()) },
@@ -387,15 +489,28 @@ impl InFlight for StandIn {
                 // SAFETY: `buf` holds at least `len` elements of `elem`
                 // bytes, aligned to 8; it stays in `self`, untouched, until
                 // the data part is done (the progress thread keeps `self`).
-                unsafe { issue_data(shared, self.what, self.size, ptr, len, (self.datatype)()) }
+                unsafe {
+                    let buf = Buffer {
+                        ptr,
+                        len,
+                        elem: self.elem,
+                        datatype: (self.datatype)(),
+                    };
+                    issue_data(shared, self.what, buf, tag, &self.ring)
+                }
             }
         }
+    }
+
+    fn advance(&self, shared: &Shared, outcome: Result<(), String>) -> Step {
+        advance(&self.ring, shared, outcome)
     }
 
     fn done(&self, part: Part, _: Result<(), String>, leak: bool) {
         if leak && part == Part::Data {
             let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
             std::mem::forget(std::mem::take(&mut *buf));
+            leak_ring(&self.ring);
         }
     }
 

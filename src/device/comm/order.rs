@@ -45,7 +45,7 @@ use std::sync::atomic::AtomicU64;
 
 use mpi::ffi;
 
-use super::calls::{InFlight, Part, Reason, Spec};
+use super::calls::{InFlight, Part, Reason, Requests, Spec};
 use super::library::error_string;
 use crate::loom::sync::{Condvar, Mutex, MutexGuard};
 
@@ -71,6 +71,9 @@ pub(super) struct Shared {
     pub(super) next_ticket: AtomicU64,
     pub(super) state: Mutex<State>,
     pub(super) cv: Condvar,
+    /// A ring's scratch chunk, kept between rings (`ring.rs`): taken under
+    /// the state lock, so after it when both are held.
+    pub(super) scratch: Mutex<Vec<u64>>,
 }
 
 // SAFETY: `raw` is an MPI handle (a pointer in Open MPI) used only under
@@ -94,11 +97,14 @@ pub(super) struct State {
     pub(super) next_issue: u64,
     pub(super) waiting: VecDeque<Slot>,
     /// Outstanding requests and the part of which collective each is, with
-    /// its size if a data call, index for index.
+    /// the bytes of data in flight it carries (a data part's first
+    /// request: its buffer's size), index for index.
     pub(super) requests: Vec<ffi::MPI_Request>,
     pub(super) in_flight: Vec<(Arc<dyn InFlight>, Part, usize)>,
     /// The bytes of the data calls in flight (see [`MAX_DATA_IN_FLIGHT`]).
     pub(super) data_bytes: usize,
+    /// Data calls issued so far (a ring's tag).
+    pub(super) data_calls: u64,
     /// Whether the progress thread sleeps on the condition variable (set
     /// and cleared by it, under this lock, around its waits): an issue
     /// notifies it only then.
@@ -176,12 +182,14 @@ impl Shared {
                 requests: Vec::new(),
                 in_flight: Vec::new(),
                 data_bytes: 0,
+                data_calls: 0,
                 asleep: false,
                 held: false,
                 issued: 0,
                 closed: None,
             }),
             cv: Condvar::default(),
+            scratch: Mutex::new(Vec::new()),
         }
     }
 
@@ -249,8 +257,8 @@ impl Shared {
                 failed.push((p, Part::Data, why.to_string()));
                 continue;
             }
-            match p.issue(self, Part::Status) {
-                Ok(request) => st.push(request, p.clone(), Part::Status),
+            match p.issue(self, Part::Status, 0) {
+                Ok(requests) => st.push(requests, p.clone(), Part::Status, 0),
                 Err(rc) => {
                     // MPI refused a status word of two i64s: refused alike
                     // on every rank, so none issues the data call either.
@@ -293,20 +301,39 @@ impl Shared {
     }
 
     fn issue_data(&self, st: &mut State, p: Arc<dyn InFlight>, failed: &mut Failed) {
-        match p.issue(self, Part::Data) {
-            Ok(request) => st.push(request, p, Part::Data),
+        // Every rank numbers its data calls alike (the same calls in the
+        // same order): a ring's messages carry its number as their tag.
+        let tag = super::ring::tag(st.data_calls);
+        st.data_calls += 1;
+        match p.issue(self, Part::Data, tag) {
+            Ok(requests) => {
+                let bytes = p.bytes();
+                st.data_bytes += bytes;
+                st.push(requests, p, Part::Data, bytes);
+            }
             Err(rc) => failed.push((p, Part::Data, error_string(rc))),
         }
     }
 }
 
 impl State {
-    fn push(&mut self, request: ffi::MPI_Request, p: Arc<dyn InFlight>, part: Part) {
-        let bytes = if part == Part::Data { p.bytes() } else { 0 };
-        self.data_bytes += bytes;
-        self.requests.push(request);
-        self.in_flight.push((p, part, bytes));
-        self.issued += 1;
+    /// Puts `requests` of `p`'s `part` in flight; the first carries
+    /// `bytes` of data in flight (counted in `data_bytes` by the caller),
+    /// which leave the count when the part is done.
+    pub(super) fn push(
+        &mut self,
+        requests: Requests,
+        p: Arc<dyn InFlight>,
+        part: Part,
+        bytes: usize,
+    ) {
+        let mut bytes = bytes;
+        for request in requests.iter() {
+            self.requests.push(request);
+            self.in_flight
+                .push((p.clone(), part, std::mem::take(&mut bytes)));
+            self.issued += 1;
+        }
     }
 
     /// Whether a collective of `bytes` may go out now: nothing is in
@@ -336,10 +363,12 @@ mod tests {
     }
 
     impl InFlight for Fake {
-        fn issue(&self, _: &Shared, part: Part) -> Result<ffi::MPI_Request, c_int> {
+        fn issue(&self, _: &Shared, part: Part, _: c_int) -> Result<Requests, c_int> {
             self.log.lock().unwrap().push((self.id, part));
+            let mut requests = Requests::default();
             // SAFETY: rsmpi's null request, a plain value.
-            Ok(unsafe { ffi::RSMPI_REQUEST_NULL })
+            *requests.slot() = unsafe { ffi::RSMPI_REQUEST_NULL };
+            Ok(requests)
         }
         fn done(&self, part: Part, outcome: Result<(), String>, _: bool) {
             self.outcomes.lock().unwrap().push((part, outcome));

@@ -34,6 +34,7 @@ use mpi::ffi;
 use super::calls::{InFlight, Part};
 use super::library::error_string;
 use super::order::{Failed, Shared};
+use super::ring::Step;
 
 /// Since the last completion or issue, the progress thread spins between
 /// rounds of `MPI_Testsome` for this long plus the data's time at
@@ -195,11 +196,12 @@ pub(super) fn progress(shared: &Shared) {
             st.held = false;
             st.data_bytes = 0;
             st.closed = Some("MPI_Testsome failed: the communicator is unusable");
-            done.extend(
-                st.in_flight
-                    .drain(..)
-                    .map(|(p, part, _)| (p, part, Err(message.clone()), true)),
-            );
+            for (p, part, _) in st.in_flight.drain(..) {
+                // Once per part (a ring's step is two requests).
+                if !done.iter().any(|d| d.1 == part && Arc::ptr_eq(&d.0, &p)) {
+                    done.push((p, part, Err(message.clone()), true));
+                }
+            }
             shared.issue_ready(&mut st, &mut failed);
         } else if outcount > 0 {
             // (MPI_UNDEFINED, negative, only when no request is active.)
@@ -212,16 +214,34 @@ pub(super) fn progress(shared: &Shared) {
             for (i, err) in hit.drain(..) {
                 st.requests.swap_remove(i);
                 let (p, part, bytes) = st.in_flight.swap_remove(i);
-                freed += bytes;
                 let outcome = if in_status && err != ffi::MPI_SUCCESS as c_int {
                     Err(error_string(err))
                 } else {
                     Ok(())
                 };
-                if part == Part::Status && p.data_after_status() {
-                    shared.status_back(&mut st, &p, outcome.is_ok(), &mut failed);
+                if part == Part::Status {
+                    if p.data_after_status() {
+                        shared.status_back(&mut st, &p, outcome.is_ok(), &mut failed);
+                    }
+                    done.push((p, part, outcome, false));
+                    continue;
                 }
-                done.push((p, part, outcome, false));
+                match p.advance(shared, outcome) {
+                    // The step's other request carries the bytes on.
+                    Step::Waiting => match st
+                        .in_flight
+                        .iter_mut()
+                        .find(|f| f.1 == Part::Data && Arc::ptr_eq(&f.0, &p))
+                    {
+                        Some(other) => other.2 += bytes,
+                        None => freed += bytes,
+                    },
+                    Step::Posted(requests) => st.push(requests, p, Part::Data, bytes),
+                    Step::Done { outcome, leak } => {
+                        freed += bytes;
+                        done.push((p, part, outcome, leak));
+                    }
+                }
             }
             if freed > 0 {
                 shared.data_done(&mut st, freed, &mut failed);
