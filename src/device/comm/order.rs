@@ -360,14 +360,28 @@ mod tests {
         bytes: usize,
         log: Log,
         outcomes: StdMutex<Vec<(Part, Result<(), String>)>>,
+        /// Its data call is a ring's first step: two requests.
+        ring: bool,
+        /// The tag its data call was given.
+        tag: StdMutex<Option<c_int>>,
     }
 
     impl InFlight for Fake {
-        fn issue(&self, _: &Shared, part: Part, _: c_int) -> Result<Requests, c_int> {
+        fn issue(&self, _: &Shared, part: Part, tag: c_int) -> Result<Requests, c_int> {
             self.log.lock().unwrap().push((self.id, part));
             let mut requests = Requests::default();
-            // SAFETY: rsmpi's null request, a plain value.
-            *requests.slot() = unsafe { ffi::RSMPI_REQUEST_NULL };
+            let n = if part == Part::Data && self.ring {
+                2
+            } else {
+                1
+            };
+            for _ in 0..n {
+                // SAFETY: rsmpi's null request, a plain value.
+                *requests.slot() = unsafe { ffi::RSMPI_REQUEST_NULL };
+            }
+            if part == Part::Data {
+                *self.tag.lock().unwrap() = Some(tag);
+            }
             Ok(requests)
         }
         fn done(&self, part: Part, outcome: Result<(), String>, _: bool) {
@@ -403,6 +417,8 @@ mod tests {
             bytes,
             log: log.clone(),
             outcomes: StdMutex::new(Vec::new()),
+            ring: false,
+            tag: StdMutex::new(None),
         })
     }
 
@@ -487,6 +503,37 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), status_then_data(&[0, 1, 2, 3]));
         assert_eq!(s.lock().data_bytes, 16 * MAX_DATA_IN_FLIGHT);
         assert!(failed.is_empty());
+    }
+
+    #[test]
+    fn a_data_call_of_two_requests_counts_its_bytes_once_and_data_calls_are_tagged_in_order() {
+        let s = shared();
+        let log = Log::default();
+        let ring = Arc::new(Fake {
+            ring: true,
+            ..Arc::into_inner(sized(0, false, 4 * MAX_DATA_IN_FLIGHT, &log)).unwrap()
+        });
+        let after = fake(1, false, &log);
+        submit(&s, place(&s), &ring);
+        submit(&s, place(&s), &after);
+        {
+            let st = s.lock();
+            // Its status word, then its two requests, the first carrying
+            // its bytes; the next collective waits behind it.
+            let bytes: Vec<_> = st.in_flight.iter().map(|f| (f.1, f.2)).collect();
+            assert_eq!(
+                bytes,
+                [(Status, 0), (Data, 4 * MAX_DATA_IN_FLIGHT), (Data, 0)]
+            );
+            assert_eq!(
+                (st.data_bytes, st.requests.len()),
+                (4 * MAX_DATA_IN_FLIGHT, 3)
+            );
+        }
+        s.data_done(&mut s.lock(), 4 * MAX_DATA_IN_FLIGHT, &mut Vec::new());
+        assert_eq!(*log.lock().unwrap(), status_then_data(&[0, 1]));
+        let tags = [&ring, &after].map(|f| f.tag.lock().unwrap().unwrap());
+        assert_eq!(tags, [0, 1]);
     }
 
     #[test]

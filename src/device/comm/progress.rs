@@ -1,7 +1,8 @@
 //! A communicator's progress thread: it tests the outstanding requests,
 //! completes those done, issues a stand-in's data call once its status
-//! word came back (`order.rs`), and frees the communicator once closed
-//! with nothing in flight.
+//! word came back (`order.rs`), posts a ring's next step once its last one
+//! is done (`ring.rs`), and frees the communicator once closed with
+//! nothing in flight.
 //!
 //! **Progress.** Open MPI's non-blocking collectives progress only inside
 //! MPI calls, so while anything is in flight the thread keeps testing:
