@@ -227,9 +227,19 @@ unsafe fn issue_data(
         // SAFETY: the caller's promise on `ptr`, for as long as the ring
         // runs (the data part is done only when the ring is).
         let mut r = unsafe { Ring::new(shared, ptr, len, elem, (datatype, op.raw()), tag) };
-        let requests = r.start(shared)?;
-        *ring.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        return Ok(requests);
+        return match r.start(shared) {
+            Ok(requests) => {
+                *ring.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                Ok(requests)
+            }
+            Err((rc, posted)) => {
+                if posted {
+                    // MPI may still write its scratch.
+                    std::mem::forget(r);
+                }
+                Err(rc)
+            }
+        };
     }
     start(|request| {
         // SAFETY: the caller's promise on `ptr`; `raw` is a live
