@@ -8,8 +8,9 @@
 //! is the user's, made before `MPI_Init`. From [`RING_FROM`] bytes an
 //! all-reduce is this ring instead, whatever MPI was started with.
 //!
-//! **The ring.** The buffer of `len` elements is cut into `size` chunks
-//! ([`crate::parallel::chunk_range`]'s cut). Reduce-scatter, step `s` in
+//! **The ring.** The buffer of `len` elements is cut into `size` chunks,
+//! chunk `c` from `c * len / size` up to `(c + 1) * len / size`.
+//! Reduce-scatter, step `s` in
 //! `0..size-1`: rank `r` sends chunk `(r - s) mod size` to rank `r + 1` and
 //! receives chunk `(r - s - 1) mod size` from rank `r - 1` into a scratch
 //! chunk, which `MPI_Reduce_local` then folds into its own. After it, rank
@@ -195,7 +196,8 @@ impl Ring {
 
     /// Chunk `c mod size`'s elements.
     fn chunk(&self, c: usize) -> std::ops::Range<usize> {
-        crate::parallel::chunk_range(self.len, self.size, c % self.size)
+        let (c, n) = (c % self.size, self.size);
+        c * self.len / n..(c + 1) * self.len / n
     }
 
     /// Posts the current step's receive, then its send. `Err`: MPI's code,
