@@ -149,8 +149,8 @@ pub(super) trait InFlight: Send + Sync {
         false
     }
     /// The size of its data call on this rank, in bytes, for the issue
-    /// order's limit on data in flight (`order.rs`). Read before the call
-    /// is issued.
+    /// order's limit on data in flight (`order.rs`): the same from before
+    /// its issue until its data part is done.
     fn bytes(&self) -> usize;
 }
 
@@ -227,7 +227,7 @@ unsafe fn issue_data(
         // SAFETY: the caller's promise on `ptr`, for as long as the ring
         // runs (the data part is done only when the ring is).
         let mut r = unsafe { Ring::new(shared, ptr, len, elem, (datatype, op.raw()), tag) };
-        return match r.start(shared) {
+        return match r.post(shared) {
             Ok(requests) => {
                 *ring.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
                 Ok(requests)

@@ -96,11 +96,10 @@ pub(super) struct State {
     /// The ticket issued next; `waiting[i]` is ticket `next_issue + i`.
     pub(super) next_issue: u64,
     pub(super) waiting: VecDeque<Slot>,
-    /// Outstanding requests and the part of which collective each is, with
-    /// the bytes of data in flight it carries (a data part's first
-    /// request: its buffer's size), index for index.
+    /// Outstanding requests and the part of which collective each is,
+    /// index for index (a ring's step: two requests of one data part).
     pub(super) requests: Vec<ffi::MPI_Request>,
-    pub(super) in_flight: Vec<(Arc<dyn InFlight>, Part, usize)>,
+    pub(super) in_flight: Vec<(Arc<dyn InFlight>, Part)>,
     /// The bytes of the data calls in flight (see [`MAX_DATA_IN_FLIGHT`]).
     pub(super) data_bytes: usize,
     /// Data calls issued so far (a ring's tag).
@@ -258,7 +257,7 @@ impl Shared {
                 continue;
             }
             match p.issue(self, Part::Status, 0) {
-                Ok(requests) => st.push(requests, p.clone(), Part::Status, 0),
+                Ok(requests) => st.push(requests, p.clone(), Part::Status),
                 Err(rc) => {
                     // MPI refused a status word of two i64s: refused alike
                     // on every rank, so none issues the data call either.
@@ -307,9 +306,8 @@ impl Shared {
         st.data_calls += 1;
         match p.issue(self, Part::Data, tag) {
             Ok(requests) => {
-                let bytes = p.bytes();
-                st.data_bytes += bytes;
-                st.push(requests, p, Part::Data, bytes);
+                st.data_bytes += p.bytes();
+                st.push(requests, p, Part::Data);
             }
             Err(rc) => failed.push((p, Part::Data, error_string(rc))),
         }
@@ -317,21 +315,11 @@ impl Shared {
 }
 
 impl State {
-    /// Puts `requests` of `p`'s `part` in flight; the first carries
-    /// `bytes` of data in flight (counted in `data_bytes` by the caller),
-    /// which leave the count when the part is done.
-    pub(super) fn push(
-        &mut self,
-        requests: Requests,
-        p: Arc<dyn InFlight>,
-        part: Part,
-        bytes: usize,
-    ) {
-        let mut bytes = bytes;
+    /// Puts `requests` of `p`'s `part` in flight.
+    pub(super) fn push(&mut self, requests: Requests, p: Arc<dyn InFlight>, part: Part) {
         for request in requests.iter() {
             self.requests.push(request);
-            self.in_flight
-                .push((p.clone(), part, std::mem::take(&mut bytes)));
+            self.in_flight.push((p.clone(), part));
             self.issued += 1;
         }
     }
@@ -518,13 +506,10 @@ mod tests {
         submit(&s, place(&s), &after);
         {
             let st = s.lock();
-            // Its status word, then its two requests, the first carrying
-            // its bytes; the next collective waits behind it.
-            let bytes: Vec<_> = st.in_flight.iter().map(|f| (f.1, f.2)).collect();
-            assert_eq!(
-                bytes,
-                [(Status, 0), (Data, 4 * MAX_DATA_IN_FLIGHT), (Data, 0)]
-            );
+            // Its status word, then its two requests, its bytes counted
+            // once; the next collective waits behind it.
+            let parts: Vec<_> = st.in_flight.iter().map(|f| f.1).collect();
+            assert_eq!(parts, [Status, Data, Data]);
             assert_eq!(
                 (st.data_bytes, st.requests.len()),
                 (4 * MAX_DATA_IN_FLIGHT, 3)

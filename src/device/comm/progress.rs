@@ -197,7 +197,7 @@ pub(super) fn progress(shared: &Shared) {
             st.held = false;
             st.data_bytes = 0;
             st.closed = Some("MPI_Testsome failed: the communicator is unusable");
-            for (p, part, _) in st.in_flight.drain(..) {
+            for (p, part) in st.in_flight.drain(..) {
                 // Once per part (a ring's step is two requests).
                 if !done.iter().any(|d| d.1 == part && Arc::ptr_eq(&d.0, &p)) {
                     done.push((p, part, Err(message.clone()), true));
@@ -214,7 +214,7 @@ pub(super) fn progress(shared: &Shared) {
             let mut freed = 0; // bytes of the data calls done
             for (i, err) in hit.drain(..) {
                 st.requests.swap_remove(i);
-                let (p, part, bytes) = st.in_flight.swap_remove(i);
+                let (p, part) = st.in_flight.swap_remove(i);
                 let outcome = if in_status && err != ffi::MPI_SUCCESS as c_int {
                     Err(error_string(err))
                 } else {
@@ -228,18 +228,10 @@ pub(super) fn progress(shared: &Shared) {
                     continue;
                 }
                 match p.advance(shared, outcome) {
-                    // The step's other request carries the bytes on.
-                    Step::Waiting => match st
-                        .in_flight
-                        .iter_mut()
-                        .find(|f| f.1 == Part::Data && Arc::ptr_eq(&f.0, &p))
-                    {
-                        Some(other) => other.2 += bytes,
-                        None => freed += bytes,
-                    },
-                    Step::Posted(requests) => st.push(requests, p, Part::Data, bytes),
+                    Step::Waiting => {}
+                    Step::Posted(requests) => st.push(requests, p, Part::Data),
                     Step::Done { outcome, leak } => {
-                        freed += bytes;
+                        freed += p.bytes();
                         done.push((p, part, outcome, leak));
                     }
                 }

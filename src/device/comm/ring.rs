@@ -140,12 +140,6 @@ impl Ring {
         }
     }
 
-    /// Posts the first step. `Err`: MPI's code, and whether a receive was
-    /// left posted (into the scratch: the ring must then be leaked).
-    pub(super) fn start(&mut self, shared: &Shared) -> Result<Requests, (c_int, bool)> {
-        self.post(shared)
-    }
-
     /// One of the current step's requests completed with `outcome`.
     pub(super) fn advance(&mut self, shared: &Shared, outcome: Result<(), String>) -> Step {
         if let Err(e) = outcome {
@@ -200,9 +194,11 @@ impl Ring {
         c * self.len / n..(c + 1) * self.len / n
     }
 
-    /// Posts the current step's receive, then its send. `Err`: MPI's code,
-    /// and whether the receive was left posted.
-    fn post(&mut self, shared: &Shared) -> Result<Requests, (c_int, bool)> {
+    /// Posts the current step's receive, then its send (the first step,
+    /// when the ring is issued; the next ones from [`advance`](Self::advance)).
+    /// `Err`: MPI's code, and whether the receive was left posted (MPI may
+    /// then still write the buffer or the scratch: the ring must be leaked).
+    pub(super) fn post(&mut self, shared: &Shared) -> Result<Requests, (c_int, bool)> {
         let (r, n, s) = (self.rank, self.size, self.step);
         let (send, recv, into_scratch) = if s < n - 1 {
             (self.chunk(r + n - s), self.chunk(r + 2 * n - s - 1), true)
