@@ -12,8 +12,9 @@
 //! all-reduce when 8 are pushed back to back (up to 16 MiB, timed after the
 //! others, in blocks of their own). The engine's time is
 //! push to resolved handle: taking the buffer out of the variable, the
-//! issue (`MPI_Iallreduce`) and the progress thread's `MPI_Testsome`
-//! until done, the task woken and the buffer put back. Blocks alternate
+//! issue (`MPI_Iallreduce`, or from 64 KiB the first step of the engine's
+//! own ring) and the progress thread's `MPI_Testsome` until done (posting
+//! the ring's next steps), the task woken and the buffer put back. Blocks alternate
 //! between the two paths, after a barrier, so both see the same machine.
 //! The values are checked (every rank's sum) after each size.
 
