@@ -3,7 +3,7 @@
 //! happen on one thread, in one order. Meant for instruction counts:
 //!
 //! ```sh
-//! cargo bench --bench push_cost --no-run   # then, for KIND in chain read2 builder:
+//! cargo bench --bench push_cost --no-run   # then, for KIND in chain read2 builder typed:
 //! valgrind --tool=callgrind target/release/deps/push_cost-* KIND 10000
 //! valgrind --tool=callgrind target/release/deps/push_cost-* KIND 20000
 //! ```
@@ -11,7 +11,8 @@
 //! The difference of the two totals, divided by 10 000, is the cost of one
 //! op from push to free (the program's fixed costs cancel out). `chain`:
 //! `Engine::push` mutating one variable; `read2`: reading one and mutating
-//! another; `builder`: the same through `engine.op()`. A third argument,
+//! another; `builder`: the same through `engine.op()`; `typed`: the same
+//! through typed access (`engine.op().with(..)`). A third argument,
 //! `traced`, records a trace of every op (`Tracing::On`): what recording
 //! costs per op.
 
@@ -51,7 +52,14 @@ fn main() {
                 *ctx.write(wk)? += a;
                 Ok(())
             }),
-            other => panic!("unknown kind {other}: chain, read2 or builder"),
+            "typed" => engine
+                .op()
+                .with((depflow::read(r), depflow::write(w)))
+                .run(|(r, w)| {
+                    *w += *r;
+                    Ok(())
+                }),
+            other => panic!("unknown kind {other}: chain, read2, builder or typed"),
         };
         drop(pushed.expect("push"));
     }

@@ -465,7 +465,7 @@ fn record(engine: &Engine, vars: &[Var<u64>], program: &Program, body: Body) -> 
             for (i, op) in program.ops.iter().enumerate() {
                 record_op(rec, vars, i, *op, body);
             }
-            Ok(())
+            Ok::<(), depflow::Error>(())
         })
         .expect("recording failed")
 }

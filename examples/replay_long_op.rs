@@ -32,7 +32,7 @@ fn main() -> Result<(), depflow::Error> {
                 Ok::<(), BoxError>(())
             })?;
         }
-        Ok(())
+        Ok::<(), depflow::Error>(())
     })?;
     for round in 0..3 {
         let t = Instant::now();

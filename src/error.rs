@@ -311,6 +311,11 @@ pub enum Error {
     /// duplicate devices, replicas of different shapes, an empty batch or
     /// one that does not split evenly; the message says which.
     Parallel(String),
+    /// The closure given to [`Engine::record`](crate::Engine::record)
+    /// returned an error of its own (not a depflow `Error`, which comes
+    /// back as itself): the recording was dropped. It prints the error's
+    /// message; its `source` is that error's own source.
+    Recording(Arc<dyn std::error::Error + Send + Sync>),
 }
 
 impl fmt::Display for Error {
@@ -366,6 +371,7 @@ impl fmt::Display for Error {
             Error::Graph(msg) => write!(f, "recorded graph: {msg}"),
             Error::Collective(msg) => write!(f, "collective: {msg}"),
             Error::Parallel(msg) => write!(f, "data-parallel group: {msg}"),
+            Error::Recording(e) => write!(f, "recording: {e}"),
         }
     }
 }
@@ -396,14 +402,26 @@ impl fmt::Display for Error {
 /// ```
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        if let Error::Io { source, .. } = self {
-            return Some(&**source);
+        match self {
+            Error::Io { source, .. } => return Some(&**source),
+            Error::Recording(e) => return e.source(),
+            _ => {}
         }
         std::error::Error::source(&**self.failure()?)
     }
 }
 
 impl Error {
+    /// A caller's error returned through the engine (by a recording's
+    /// closure): a depflow `Error` as itself, any other in
+    /// [`Recording`](Error::Recording).
+    pub(crate) fn from_caller(e: BoxError) -> Self {
+        match e.downcast::<Error>() {
+            Ok(e) => *e,
+            Err(e) => Error::Recording(Arc::from(e)),
+        }
+    }
+
     /// The original failure behind this error, for [`Failed`](Error::Failed),
     /// [`Poisoned`](Error::Poisoned) and [`Failures`](Error::Failures).
     pub fn failure(&self) -> Option<&Arc<OpFailure>> {

@@ -124,13 +124,14 @@ mod engine;
 pub mod parallel;
 
 pub use crate::dep::{
-    AnyVar, Buffer, Device, DeviceBuffer, Element, OpCtx, Var, VarKey, VarMut, VarRef,
+    AnyVar, Buffer, Device, DeviceBuffer, Element, OpCtx, Operand, TypedVar, Var, VarKey, VarMut,
+    VarRef,
 };
 #[cfg(feature = "mpi")]
 pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};
 pub use crate::engine::{
-    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpHandle, RecordOp,
-    Recorder, Replay, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read, write,
+    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpDecl, OpHandle, Ops,
+    RecordOp, Recorder, Replay, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read, write,
 };
 pub use crate::error::{BoxError, Error, OpFailure, VarId};
 pub use crate::graph::{EdgeKind, GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};

@@ -581,7 +581,7 @@ fn a_graph_s_device_buffers_share_one_arena_of_device_memory() {
                         move |ctx| copy_back(ctx, ctx.device_buffer(&b)?.device_ptr().unwrap(), h)
                     })?;
                 kept = Some(b);
-                Ok(())
+                Ok::<(), depflow::Error>(())
             })
             .unwrap();
         let kept = kept.unwrap();

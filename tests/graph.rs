@@ -144,7 +144,9 @@ fn bad_recordings_are_refused() {
     // Recording inside an op.
     let e2 = engine.clone();
     let inside = engine
-        .push(&[], &[&x], move |_| Ok(e2.record(|_| Ok(())).err()))
+        .push(&[], &[&x], move |_| {
+            Ok(e2.record(|_| Ok::<(), depflow::Error>(())).err())
+        })
         .unwrap()
         .wait()
         .unwrap();
@@ -189,7 +191,10 @@ fn a_replay_after_shutdown_is_refused() {
     graph.replay().wait().unwrap();
     engine.shutdown().wait().unwrap();
     assert!(matches!(graph.replay().wait(), Err(Error::ShutDown)));
-    assert!(matches!(engine.record(|_| Ok(())), Err(Error::ShutDown)));
+    assert!(matches!(
+        engine.record(|_| Ok::<(), depflow::Error>(())),
+        Err(Error::ShutDown)
+    ));
 }
 
 #[test]
@@ -218,15 +223,15 @@ fn buffers_are_planned_and_shared() {
             rec.push(&[&input], &[&bufs[0]], {
                 let (input, b) = (input.key(), bufs[0].clone());
                 move |ctx| {
-                    ctx.buffer_mut(&b)?.copy_from_slice(&ctx.read(input)?);
+                    ctx.write(&b)?.copy_from_slice(&ctx.read(input)?);
                     Ok(())
                 }
             })?;
             for w in bufs.windows(2) {
                 let (a, b) = (w[0].clone(), w[1].clone());
                 rec.push(&[&w[0]], &[&w[1]], move |ctx| {
-                    let a = ctx.buffer(&a)?;
-                    for (b, a) in ctx.buffer_mut(&b)?.iter_mut().zip(a.iter()) {
+                    let a = ctx.read(&a)?;
+                    for (b, a) in ctx.write(&b)?.iter_mut().zip(a.iter()) {
                         *b = a * 2.0;
                     }
                     Ok(())
@@ -234,7 +239,7 @@ fn buffers_are_planned_and_shared() {
             }
             let (last, ok) = (bufs[3].clone(), out.key());
             rec.push(&[&bufs[3]], &[&out], move |ctx| {
-                *ctx.write(ok)? = ctx.buffer(&last)?.iter().sum();
+                *ctx.write(ok)? = ctx.read(&last)?.iter().sum();
                 Ok(())
             })
         })
@@ -345,7 +350,7 @@ fn siblings_made_ready_together_run_on_idle_workers() {
                         Ok(())
                     })?;
             }
-            Ok(())
+            Ok::<(), depflow::Error>(())
         })
         .unwrap();
     for i in 1..=20u64 {
@@ -413,7 +418,7 @@ fn a_long_recorded_op_does_not_hold_its_ready_siblings_back() {
                         Ok(())
                     })?;
             }
-            Ok(())
+            Ok::<(), depflow::Error>(())
         })
         .unwrap();
     for i in 1..=6u64 {
@@ -460,7 +465,7 @@ fn a_long_recorded_op_of_higher_priority_runs_before_the_ops_kept_beside_it() {
                     Ok(())
                 })?;
             }
-            Ok(())
+            Ok::<(), depflow::Error>(())
         })
         .unwrap();
     for replay in 1..=6u64 {

@@ -96,7 +96,7 @@ fn chain(
                 .mutates(&[out])
                 .run(sum_into(&bufs[3], out))?;
             kept = bufs;
-            Ok(())
+            Ok::<(), depflow::Error>(())
         })
         .unwrap();
     (graph, kept)
@@ -221,7 +221,7 @@ fn a_graph_dropped_while_its_kernel_runs_frees_after_it() {
                     .mutates(&[&out])
                     .run(sum_into(&b, &out))?;
                 buf = Some(b);
-                Ok(())
+                Ok::<(), depflow::Error>(())
             })
             .unwrap();
         let buf = buf.unwrap();
@@ -300,7 +300,7 @@ fn each_device_has_its_own_arena() {
                     .mutates(&[&out])
                     .run(sum_into(&b, &out))?;
                 kept = Some((a, b));
-                Ok(())
+                Ok::<(), depflow::Error>(())
             })
             .unwrap();
         let (a, b) = kept.unwrap();
@@ -494,7 +494,7 @@ fn run_program(
                         })?)
                     })?;
             }
-            Ok(())
+            Ok::<(), depflow::Error>(())
         })
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let plan = graph.device_plan(gpu).unwrap();
@@ -627,7 +627,7 @@ fn device_buffers_off_their_device_are_refused() {
             let b = rec.device_buffer::<f32>(gpu0, 4)?;
             rec.op().on(gpu0).mutates(&[&b]).run(|_| Ok(()))?;
             kept = Some(b);
-            Ok(())
+            Ok::<(), depflow::Error>(())
         })
         .unwrap();
     let b = kept.unwrap();

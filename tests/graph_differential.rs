@@ -487,14 +487,14 @@ struct Planned;
 impl Store for Planned {
     type Buf = Buffer<u64>;
     fn read_buf<R>(ctx: &OpCtx, b: &Self::Buf, f: impl FnOnce(&[u64]) -> R) -> Result<R, Error> {
-        Ok(f(&ctx.buffer(b)?))
+        Ok(f(&ctx.read(b)?))
     }
     fn write_buf<R>(
         ctx: &OpCtx,
         b: &Self::Buf,
         f: impl FnOnce(&mut [u64]) -> R,
     ) -> Result<R, Error> {
-        Ok(f(&mut ctx.buffer_mut(b)?))
+        Ok(f(&mut ctx.write(b)?))
     }
 }
 
@@ -901,7 +901,7 @@ fn run_graph(engine: &Engine, p: &Program, shared: &[Var<u64>], checker: &Arc<Ch
                     let (o, v, c, t) = (op.clone(), local.clone(), checker.clone(), p.thread);
                     b.run(move |ctx| body::<Planned>(ctx, &o, &v, t, &c))?;
                 }
-                Ok(())
+                Ok::<(), depflow::Error>(())
             })
             .unwrap_or_else(|e| panic!("recording failed: {e}"));
         assert_eq!(graph.ops().len(), spec.ops.len());

@@ -234,7 +234,7 @@ fn a_body_error_on_a_device_fails_the_replay() {
                     .name("refuses")
                     .on(gpu)
                     .mutates(&[&v])
-                    .run(|_| Err("no".into()))
+                    .run(|_| Err::<(), _>("no".into()))
             })
             .unwrap();
         for _ in 0..2 {
@@ -329,7 +329,7 @@ fn units_hold_a_replay_back_without_exceeding_capacity() {
                         })?;
                     }
                 }
-                Ok(())
+                Ok::<(), depflow::Error>(())
             })
             .unwrap();
         for _ in 0..10 {
@@ -368,7 +368,7 @@ fn a_replays_units_come_in_push_order_with_pushed_ops() {
                             Ok(())
                         })?;
                 }
-                Ok(())
+                Ok::<(), depflow::Error>(())
             })
             .unwrap();
         // Pushed before: holds the slot, and the replay's input, until the

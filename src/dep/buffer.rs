@@ -1,5 +1,7 @@
 //! Planned buffers: intermediates of a recorded graph whose memory the
-//! graph plans ([`Buffer`]), and the arena they live in.
+//! graph plans ([`Buffer`]), and the arena they live in; and an engine's
+//! buffers outside any graph, each in an arena of its own, planned for it
+//! alone (`Buffer::standalone`).
 //!
 //! A buffer is a variable (for declarations, ordering and poison) plus a
 //! slot in its graph's [`Arena`]: at the end of the recording the graph
@@ -10,9 +12,9 @@
 //! first writer writes them (the graph refuses a recording that reads a
 //! buffer before writing it).
 //!
-//! Access goes through the op's context ([`OpCtx::buffer`],
-//! [`OpCtx::buffer_mut`]) with the same checks and borrow counting as a
-//! variable's value. The element types are those for which every bit
+//! Access goes through the op's context ([`OpCtx::read`],
+//! [`OpCtx::write`], as for a variable: see `operand`) with the same checks
+//! and borrow counting as a variable's value. The element types are those for which every bit
 //! pattern is a value ([`Element`]), so leftover bytes are never undefined
 //! behaviour, only stale numbers.
 //!
@@ -66,7 +68,7 @@ pub(crate) struct Arena {
     memory: OnceLock<Box<[Line]>>,
 }
 
-// SAFETY: the bytes are reached only through `OpCtx::buffer`/`buffer_mut`,
+// SAFETY: the bytes are reached only through `OpCtx::read_buffer`/`write_buffer`,
 // under the graph's ordering: a buffer's range is borrowed mutably only by
 // the one op holding it mutably, and two buffers' ranges overlap only if no
 // two ops using them can run at once (the plan).
@@ -113,10 +115,13 @@ impl Arena {
     }
 }
 
-/// An intermediate of a recorded graph whose memory the graph plans: `len`
-/// values of `T`, from [`Recorder::buffer`](crate::Recorder::buffer).
-/// Declare it like a variable; reach it with [`OpCtx::buffer`] and
-/// [`OpCtx::buffer_mut`].
+/// `len` values of `T` that ops declare like a variable and whose bodies
+/// reach them as `[T]` ([`OpCtx::read`], [`OpCtx::write`], and typed
+/// access: [`read`](crate::read), [`write`](crate::write)). Made by a
+/// recording ([`Recorder::buffer`](crate::Recorder::buffer)), it is an
+/// intermediate of the graph whose memory the graph plans; made by an
+/// engine ([`Engine::buffer`](crate::Engine::buffer)), it has memory of its
+/// own, zeroed.
 ///
 /// Clones refer to the same buffer.
 pub struct Buffer<T: Element> {
@@ -161,6 +166,17 @@ impl<T: Element> Buffer<T> {
         }
     }
 
+    /// A buffer outside any graph, on variable `var`: an arena of its own,
+    /// planned for this one buffer.
+    pub(crate) fn standalone(var: Var<()>, len: usize) -> Self {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .expect("buffer size overflows");
+        let arena = Arena::default();
+        arena.set_plan(Box::new([0]), bytes);
+        Self::new(var, Arc::new(arena), 0, len)
+    }
+
     /// The buffer's identity (its variable's).
     pub fn id(&self) -> VarId {
         self.var.id()
@@ -201,31 +217,33 @@ impl<T: Element> AnyVar for Buffer<T> {
 
 impl OpCtx {
     /// Borrows the values of a planned buffer the op declared (read or
-    /// mutated): only in an op of the buffer's recorded graph.
+    /// mutated): the same as [`read`](Self::read), which takes buffers too.
     ///
     /// # Errors
     ///
     /// As for [`read`](Self::read).
-    ///
-    /// ```
-    /// let engine = depflow::Engine::new();
-    /// let out = engine.var(0.0f32);
-    /// let graph = engine.record(|rec| {
-    ///     let tmp = rec.buffer::<f32>(4);
-    ///     rec.push(&[], &[&tmp], {
-    ///         let tmp = tmp.clone();
-    ///         move |ctx| { ctx.buffer_mut(&tmp)?.fill(0.5); Ok(()) }
-    ///     })?;
-    ///     rec.push(&[&tmp], &[&out], {
-    ///         let (tmp, out) = (tmp.clone(), out.clone());
-    ///         move |ctx| { *ctx.write(&out)? = ctx.buffer(&tmp)?.iter().sum(); Ok(()) }
-    ///     })
-    /// })?;
-    /// graph.replay().wait()?;
-    /// assert_eq!(engine.get(&out).wait()?, 2.0);
-    /// # Ok::<(), depflow::Error>(())
-    /// ```
+    #[deprecated(since = "0.1.0", note = "`OpCtx::read` takes planned buffers too")]
     pub fn buffer<T: Element>(&self, buffer: &Buffer<T>) -> Result<VarRef<'_, [T]>, Error> {
+        self.read_buffer(buffer)
+    }
+
+    /// Mutably borrows the values of a planned buffer the op declared as
+    /// mutated: the same as [`write`](Self::write), which takes buffers
+    /// too.
+    ///
+    /// # Errors
+    ///
+    /// As for [`write`](Self::write).
+    #[deprecated(since = "0.1.0", note = "`OpCtx::write` takes planned buffers too")]
+    pub fn buffer_mut<T: Element>(&self, buffer: &Buffer<T>) -> Result<VarMut<'_, [T]>, Error> {
+        self.write_buffer(buffer)
+    }
+
+    /// [`read`](Self::read) of a planned buffer: a slice of its arena.
+    pub(super) fn read_buffer<T: Element>(
+        &self,
+        buffer: &Buffer<T>,
+    ) -> Result<VarRef<'_, [T]>, Error> {
         let key = buffer.key();
         let (i, edge) = self.find(key)?;
         let count = if edge.is_write() {
@@ -260,13 +278,11 @@ impl OpCtx {
         Ok(VarRef { value, count })
     }
 
-    /// Mutably borrows the values of a planned buffer the op declared as
-    /// mutated. See [`buffer`](Self::buffer).
-    ///
-    /// # Errors
-    ///
-    /// As for [`write`](Self::write).
-    pub fn buffer_mut<T: Element>(&self, buffer: &Buffer<T>) -> Result<VarMut<'_, [T]>, Error> {
+    /// [`write`](Self::write) of a planned buffer: a slice of its arena.
+    pub(super) fn write_buffer<T: Element>(
+        &self,
+        buffer: &Buffer<T>,
+    ) -> Result<VarMut<'_, [T]>, Error> {
         let key = buffer.key();
         let (_, count, _) = self.claim(key)?;
         let start = match buffer.arena.start(buffer.slot) {
@@ -276,8 +292,8 @@ impl OpCtx {
                 return Err(e);
             }
         };
-        // SAFETY: as in `buffer`; the op holds the buffer mutably, and the
-        // borrow count makes this the body's only borrow of it.
+        // SAFETY: as in `read_buffer`; the op holds the buffer mutably, and
+        // the borrow count makes this the body's only borrow of it.
         let value = unsafe { std::slice::from_raw_parts_mut(start.cast::<T>(), buffer.len) };
         Ok(VarMut { value, count })
     }

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::task::Waker;
 
 use super::block::{OpBlock, OpEdge};
+use super::operand::Operand;
 use super::var::{VarKey, VarState};
 use crate::device::Stream;
 use crate::error::{Error, VarId};
@@ -348,22 +349,45 @@ impl OpCtx {
         Ok((i, &edges[i]))
     }
 
-    /// Borrows the value of a variable the op declared (read or mutated).
-    /// `var` is the variable (`&Var<T>`) or its [`VarKey`].
+    /// Borrows the value of a variable or planned buffer the op declared
+    /// (read or mutated): `operand` is the variable (`&Var<T>`, giving a
+    /// `VarRef<T>`), its [`VarKey`], or a planned buffer (`&Buffer<T>`,
+    /// giving a `VarRef<[T]>`; see [`Operand`]).
     ///
     /// # Errors
     ///
-    /// [`Error::NotDeclared`] if the op did not declare the variable;
-    /// [`Error::Borrowed`] if the body holds a mutable borrow of it.
+    /// [`Error::NotDeclared`] if the op did not declare it;
+    /// [`Error::Borrowed`] if the body holds a mutable borrow of it;
+    /// [`Error::Deleted`] for a variable without a value; [`Error::Graph`]
+    /// for a planned buffer reached before its recording ended.
     // Always: with the index's cold path in `find`, the inliner would
     // keep `read` out of line in small bodies (+35 instructions an op in
     // `benches/push_cost.rs` read2).
     #[inline(always)]
-    pub fn read<T>(&self, var: impl Into<VarKey<T>>) -> Result<VarRef<'_, T>, Error>
+    pub fn read<O: Operand>(&self, operand: O) -> Result<VarRef<'_, O::Value>, Error> {
+        operand.read_in(self)
+    }
+
+    /// Mutably borrows the value of a variable or planned buffer the op
+    /// declared as mutated: `operand` as for [`read`](Self::read).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDeclared`] if the op did not declare it;
+    /// [`Error::NotMutable`] if it declared it as read only;
+    /// [`Error::Borrowed`] if the body already borrows it; otherwise as for
+    /// [`read`](Self::read).
+    #[inline]
+    pub fn write<O: Operand>(&self, operand: O) -> Result<VarMut<'_, O::Value>, Error> {
+        operand.write_in(self)
+    }
+
+    /// [`read`](Self::read) of a variable, by its key.
+    #[inline(always)]
+    pub(super) fn read_key<T>(&self, key: VarKey<T>) -> Result<VarRef<'_, T>, Error>
     where
         T: Send + Sync + 'static,
     {
-        let key = var.into();
         let (i, edge) = self.find(key)?;
         let count = if edge.is_write() {
             let count = self.borrows.at(i);
@@ -391,20 +415,12 @@ impl OpCtx {
         }
     }
 
-    /// Mutably borrows the value of a variable the op declared as mutated.
-    /// `var` is the variable (`&Var<T>`) or its [`VarKey`].
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotDeclared`] if the op did not declare the variable;
-    /// [`Error::NotMutable`] if it declared it as read only;
-    /// [`Error::Borrowed`] if the body already borrows it.
+    /// [`write`](Self::write) of a variable, by its key.
     #[inline]
-    pub fn write<T>(&self, var: impl Into<VarKey<T>>) -> Result<VarMut<'_, T>, Error>
+    pub(super) fn write_key<T>(&self, key: VarKey<T>) -> Result<VarMut<'_, T>, Error>
     where
         T: Send + Sync + 'static,
     {
-        let key = var.into();
         let (_, count, edge) = self.claim(key)?;
         // SAFETY: as in `read`; the op holds the write grant, and the borrow
         // count makes this the only borrow of the value.

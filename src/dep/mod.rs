@@ -13,6 +13,7 @@
 //! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
 //! | `output` | an op's result as its task keeps it, and failures of values dropped after their op retired |
 //! | `ctx` | what a body sees: [`OpCtx`] |
+//! | `operand` | what a body reaches through it: variables, keys and planned buffers alike ([`Operand`]) |
 //! | `own` | the host's own ops: delete, clear poison, wait for a variable |
 //! | `task` | the pusher's side of an op's task: await, ask, cancel |
 //! | `reclaim` | who frees an op's memory: the thread that pushed it |
@@ -36,6 +37,7 @@ mod device_buffer;
 mod future;
 mod host;
 mod lifecycle;
+mod operand;
 mod output;
 mod own;
 mod poison;
@@ -63,6 +65,7 @@ pub use self::device_buffer::DeviceBuffer;
 pub(crate) use self::device_buffer::{DeviceArena, DeviceArenas};
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, Units, new_host_id};
+pub use self::operand::{Operand, TypedVar};
 pub(crate) use self::output::take_late_failures;
 pub(crate) use self::own::{deletion, mark_deleted, unpoisoning, var_wait};
 pub(crate) use self::resident::{

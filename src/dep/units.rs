@@ -125,6 +125,12 @@ impl OpUnits {
         }
     }
 
+    /// The name of the resource of the first units handed on to an output.
+    pub(crate) fn lasting_resource(&self) -> Option<&str> {
+        let l = self.lasting.as_slice().first()?;
+        Some(self.resources.as_slice()[l.demand].name())
+    }
+
     /// Merges allocations of one resource to one variable (once `edge`
     /// holds edge indices).
     pub(crate) fn merge_lasting(&mut self) {

@@ -12,8 +12,8 @@ use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::VarKey;
 use crate::dep::{
-    AnyVar, AsyncBody, Body, Device, Mode, OpCtx, OpSpec, SyncBody, Var, deletion, edges, in_op_of,
-    mark_deleted, spawn, unpoisoning, var_wait, with_current_op,
+    AnyVar, AsyncBody, Body, Buffer, Device, Element, Mode, OpCtx, OpSpec, SyncBody, Var, deletion,
+    edges, in_op_of, mark_deleted, spawn, unpoisoning, var_wait, with_current_op,
 };
 use crate::error::{BoxError, Error};
 use crate::resource::Resource;
@@ -181,6 +181,48 @@ impl Engine {
         value: T,
     ) -> Var<T> {
         Var::named(self.shared().id, value, name.into())
+    }
+
+    /// A new buffer of `len` values of `T`, zeroed: a variable whose value
+    /// is a fixed-length slice of plain numbers, which bodies reach as
+    /// `[T]` ([`OpCtx::read`], [`OpCtx::write`], typed access). It is what
+    /// a recorded graph's planned buffer ([`Recorder::buffer`](crate::Recorder::buffer)) is, outside
+    /// any graph, with memory of its own (taken on its first access, freed
+    /// with the last handle): so code written against [`Ops`](crate::Ops) makes its
+    /// intermediates the same way pushed or recorded.
+    ///
+    /// ```
+    /// use depflow::{Engine, read, write};
+    ///
+    /// let engine = Engine::new();
+    /// let (samples, mean) = (engine.buffer::<f32>(4), engine.var(0.0f32));
+    /// engine.op().with(write(&samples)).run(|s| {
+    ///     s.copy_from_slice(&[1.0, 2.0, 3.0, 6.0]); // a `&mut [f32]`
+    ///     Ok(())
+    /// })?;
+    /// engine.op().with((read(&samples), write(&mean))).run(|(s, mean)| {
+    ///     *mean = s.iter().sum::<f32>() / s.len() as f32;
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(engine.get(&mean).wait()?, 3.0);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `len` values of `T` overflow `usize` bytes.
+    pub fn buffer<T: Element>(&self, len: usize) -> Buffer<T> {
+        Buffer::standalone(Var::new(self.shared().id, ()), len)
+    }
+
+    /// [`buffer`](Self::buffer), named `name` (as
+    /// [`var_named`](Self::var_named) names a variable).
+    ///
+    /// # Panics
+    ///
+    /// As for [`buffer`](Self::buffer).
+    pub fn buffer_named<T: Element>(&self, name: impl Into<Arc<str>>, len: usize) -> Buffer<T> {
+        Buffer::standalone(Var::named(self.shared().id, (), name.into()), len)
     }
 
     /// A new counted resource of `capacity` units (bytes of a device's

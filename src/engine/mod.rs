@@ -9,6 +9,7 @@
 //! | `builder` | [`EngineBuilder`]: checking and starting an engine |
 //! | `executor` | [`Executor`], [`Job`]: how each device runs its ops |
 //! | `op_builder` | [`OpBuilder`], [`WhenRoom`]: describing an op, checked into an `OpSpec` |
+//! | `ops` | [`Ops`], [`OpDecl`]: one op description that an engine pushes and a recorder records |
 //! | `typed_op` | [`TypedOp`], [`TypedCtx`]: typed access, declarations that give the body its values |
 //! | `handle` | [`OpHandle`], [`Wait`]: futures, and blocking on them |
 //! | `record` | [`Engine::record`](crate::Engine::record), [`Recorder`], [`Graph`] and its [`Replay`]s: the entry to `crate::graph` |
@@ -30,6 +31,7 @@ mod executor;
 mod facade;
 mod handle;
 mod op_builder;
+mod ops;
 mod record;
 mod shared;
 mod shutdown;
@@ -43,6 +45,7 @@ pub use self::executor::{Executor, Job};
 pub use self::facade::Engine;
 pub use self::handle::{OpHandle, Wait};
 pub use self::op_builder::{OpBuilder, WhenRoom};
+pub use self::ops::{OpDecl, Ops};
 pub use self::record::{Graph, RecordOp, Recorder, Replay};
 pub use self::trace_window::Tracing;
 pub use self::typed_op::{

@@ -9,12 +9,13 @@ use std::future::Future;
 use super::Engine;
 use super::handle::{OpHandle, block_outside_ops};
 use super::shared::Shared;
+use super::typed_op::{Accesses, TypedOp};
 use crate::core::few::Few;
 use crate::dep::{
     AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges, in_op_of,
 };
 use crate::device::Lane;
-use crate::error::{BoxError, Error};
+use crate::error::{BoxError, Error, VarId};
 use crate::resource::Resource;
 
 /// An op under construction: set its variables, name, priority and device,
@@ -42,45 +43,25 @@ use crate::resource::Resource;
 #[must_use = "an OpBuilder does nothing until `run` or `run_async`"]
 pub struct OpBuilder<'a> {
     engine: &'a Engine,
-    /// What `reads` and `mutates` declared so far (they add up); copied,
-    /// so that the caller's slices need not outlive the statement.
-    reads: Few<&'a dyn AnyVar>,
-    mutates: Few<&'a dyn AnyVar>,
-    opts: OpOptions,
-    /// The variable of each lasting demand in `opts.units`, in order.
-    allocations: Vec<&'a dyn AnyVar>,
+    decl: Declaration<'a>,
 }
 
 impl std::fmt::Debug for OpBuilder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpBuilder")
-            .field("reads", &self.reads)
-            .field("mutates", &self.mutates)
-            .field("name", &self.opts.name)
-            .field("priority", &self.opts.priority)
-            .field("device", &self.opts.device)
-            .field(
-                "resources",
-                &self.opts.units.as_ref().map(|u| {
-                    u.demands()
-                        .map(|(r, d)| (r.name(), d.amount))
-                        .collect::<Vec<_>>()
-                }),
-            )
-            .finish()
+        self.decl.debug("OpBuilder", f)
     }
 }
 
 impl<'a> OpBuilder<'a> {
     #[inline]
     pub(super) fn new(engine: &'a Engine) -> Self {
-        Self {
-            engine,
-            reads: Few::default(),
-            mutates: Few::default(),
-            opts: OpOptions::default(),
-            allocations: Vec::new(),
-        }
+        Self::declared(engine, Declaration::default())
+    }
+
+    /// The builder of an op already declared as `decl`.
+    #[inline]
+    pub(super) fn declared(engine: &'a Engine, decl: Declaration<'a>) -> Self {
+        Self { engine, decl }
     }
 
     /// Adds variables the op reads (calls add up).
@@ -102,7 +83,7 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn reads(mut self, vars: &[&'a dyn AnyVar]) -> Self {
-        self.reads.extend_from_slice(vars);
+        self.decl.reads.extend_from_slice(vars);
         self
     }
 
@@ -110,14 +91,14 @@ impl<'a> OpBuilder<'a> {
     /// and mutated counts as mutated.
     #[inline]
     pub fn mutates(mut self, vars: &[&'a dyn AnyVar]) -> Self {
-        self.mutates.extend_from_slice(vars);
+        self.decl.mutates.extend_from_slice(vars);
         self
     }
 
     /// A name for errors and `Debug` output.
     #[inline]
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.opts.name = Some(name.into());
+        self.decl.opts.name = Some(name.into());
         self
     }
 
@@ -158,14 +139,14 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn priority(mut self, priority: i32) -> Self {
-        self.opts.priority = priority;
+        self.decl.opts.priority = priority;
         self
     }
 
     /// The device to run on (default: the engine's default device).
     #[inline]
     pub fn on(mut self, device: Device) -> Self {
-        self.opts.device = Some(device);
+        self.decl.opts.device = Some(device);
         self
     }
 
@@ -194,7 +175,7 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn lane(mut self, lane: Lane) -> Self {
-        self.opts.lane = Some(lane);
+        self.decl.opts.lane = Some(lane);
         self
     }
 
@@ -229,7 +210,7 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
-        self.add_units(resource, units, None);
+        self.decl.uses(self.engine.shared().id, resource, units);
         self
     }
 
@@ -251,15 +232,9 @@ impl<'a> OpBuilder<'a> {
     /// `run`) if the op does not mutate `output`.
     #[inline]
     pub fn allocates(mut self, resource: &Resource, units: u64, output: &'a dyn AnyVar) -> Self {
-        self.allocations.push(output);
-        self.add_units(resource, units, Some(self.allocations.len() - 1));
+        self.decl
+            .allocates(self.engine.shared().id, resource, units, output);
         self
-    }
-
-    #[inline]
-    fn add_units(&mut self, resource: &Resource, units: u64, allocation: Option<usize>) {
-        let engine = self.engine.shared().id;
-        self.opts.add_units(engine, resource, units, allocation);
     }
 
     /// Waits for room under the engine's bound on ops in flight
@@ -323,20 +298,27 @@ impl<'a> OpBuilder<'a> {
     }
 
     /// Checks the declaration and pushes the op.
+    // The spec is written here, from the builder's fields in place: a
+    // helper of `Declaration`'s, or moving the declaration out first, cost
+    // 30 to 40 instructions an op (benches/push_cost.rs, builder and typed).
     #[inline]
     fn push<B: Body>(mut self, body: B) -> Result<OpHandle<B::Output>, Error> {
         let engine = self.engine;
         let shared = engine.shared();
-        let device = self.opts.device_index(shared)?;
-        if let Some(e) = self.opts.invalid.take() {
+        let device = self.decl.opts.device_index(shared)?;
+        if let Some(e) = self.decl.opts.invalid.take() {
             return Err(e);
         }
-        let edges = edges(self.reads.as_slice(), self.mutates.as_slice(), shared.id)?;
-        self.opts.check_capacity()?;
-        if let Some(r) = &mut self.opts.units {
+        let edges = edges(
+            self.decl.reads.as_slice(),
+            self.decl.mutates.as_slice(),
+            shared.id,
+        )?;
+        self.decl.opts.check_capacity()?;
+        if let Some(r) = &mut self.decl.opts.units {
             // Point each allocation at its output's edge, merging repeats.
             for l in &mut r.lasting {
-                let var = self.allocations[l.edge].core();
+                let var = self.decl.allocations[l.edge].core();
                 l.edge = edges
                     .as_slice()
                     .iter()
@@ -345,15 +327,15 @@ impl<'a> OpBuilder<'a> {
             }
             r.merge_lasting();
         }
-        let lane = self.opts.lane_index(shared, device, B::SYNC)?;
+        let lane = self.decl.opts.lane_index(shared, device, B::SYNC)?;
         engine.push_spec(
             OpSpec {
                 edges,
-                units: self.opts.units,
-                name: self.opts.name,
+                units: self.decl.opts.units,
+                name: self.decl.opts.name,
                 device_index: device,
                 lane,
-                priority: self.opts.priority,
+                priority: self.decl.opts.priority,
                 mode: Mode::Normal,
                 generation: 0,
             },
@@ -398,18 +380,9 @@ impl<'a> OpBuilder<'a> {
     /// # Ok::<(), depflow::Error>(())
     /// ```
     #[inline]
-    pub fn with<A: super::typed_op::Accesses<'a>>(
-        mut self,
-        accesses: A,
-    ) -> super::typed_op::TypedOp<'a, A::Keys> {
-        let (vars, keys, duplicate) = accesses.declare();
-        for &(var, mutated) in vars.as_ref() {
-            match mutated {
-                true => self.mutates.push(var),
-                false => self.reads.push(var),
-            }
-        }
-        super::typed_op::TypedOp::new(self, keys, duplicate)
+    pub fn with<A: Accesses<'a>>(mut self, accesses: A) -> TypedOp<Self, A::Keys> {
+        let (keys, duplicate) = self.decl.declare(accesses);
+        TypedOp::new(self, keys, duplicate)
     }
 }
 
@@ -463,9 +436,78 @@ impl<'a> Future for WhenRoom<'a> {
 // An `OpBuilder` holds only shared references and owned data.
 impl Unpin for WhenRoom<'_> {}
 
-/// What an op declares besides its variables and body: collected alike by
-/// [`OpBuilder`] and [`RecordOp`](crate::RecordOp), and checked alike by
-/// their `run` (each in its own order).
+/// What an op declares: its variables (`reads` and `mutates` add up over
+/// calls; copied, so that the caller's slices need not outlive the
+/// statement), its options, and the outputs of its lasting units. Collected
+/// alike by [`OpBuilder`] and [`OpDecl`](crate::OpDecl) (and so
+/// [`RecordOp`](crate::RecordOp)), checked by whoever takes the op.
+#[derive(Default)]
+pub(super) struct Declaration<'a> {
+    pub(super) reads: Few<&'a dyn AnyVar>,
+    pub(super) mutates: Few<&'a dyn AnyVar>,
+    pub(super) opts: OpOptions,
+    /// The variable of each lasting demand in `opts.units`, in order.
+    pub(super) allocations: Vec<&'a dyn AnyVar>,
+}
+
+impl<'a> Declaration<'a> {
+    /// Units of `resource` held while the op runs (on engine `engine`).
+    #[inline]
+    pub(super) fn uses(&mut self, engine: u64, resource: &Resource, units: u64) {
+        self.opts.add_units(engine, resource, units, None);
+    }
+
+    /// Units of `resource` handed on to `output` (on engine `engine`).
+    #[inline]
+    pub(super) fn allocates(
+        &mut self,
+        engine: u64,
+        resource: &Resource,
+        units: u64,
+        output: &'a dyn AnyVar,
+    ) {
+        self.allocations.push(output);
+        let allocation = Some(self.allocations.len() - 1);
+        self.opts.add_units(engine, resource, units, allocation);
+    }
+
+    /// Declares typed accesses' variables; their keys, and a variable
+    /// declared twice, once at least as written.
+    #[inline]
+    pub(super) fn declare<A: Accesses<'a>>(&mut self, accesses: A) -> (A::Keys, Option<VarId>) {
+        let (vars, keys, duplicate) = accesses.declare();
+        for &(var, mutated) in vars.as_ref() {
+            match mutated {
+                true => self.mutates.push(var),
+                false => self.reads.push(var),
+            }
+        }
+        (keys, duplicate)
+    }
+
+    /// `Debug` for a builder named `what`.
+    pub(super) fn debug(&self, what: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(what)
+            .field("reads", &self.reads)
+            .field("mutates", &self.mutates)
+            .field("name", &self.opts.name)
+            .field("priority", &self.opts.priority)
+            .field("device", &self.opts.device)
+            .field("lane", &self.opts.lane)
+            .field(
+                "resources",
+                &self.opts.units.as_ref().map(|u| {
+                    u.demands()
+                        .map(|(r, d)| (r.name(), d.amount))
+                        .collect::<Vec<_>>()
+                }),
+            )
+            .finish()
+    }
+}
+
+/// What an op declares besides its variables and body: checked alike by
+/// pushes and recordings (each in its own order).
 #[derive(Default)]
 pub(super) struct OpOptions {
     pub(super) name: Option<Cow<'static, str>>,

@@ -1,7 +1,13 @@
-//! Recording a graph ([`Engine::record`], [`Recorder`], [`RecordOp`]) and
-//! replaying it ([`Graph`], [`Replay`]): the entry to `crate::graph`.
+//! Recording a graph ([`Engine::record`], [`Recorder`], and its ops,
+//! [`RecordOp`]) and replaying it ([`Graph`], [`Replay`]): the entry to
+//! `crate::graph`.
+//!
+//! The recorder takes ops through `&self` (it is an [`Ops`](crate::Ops),
+//! as the engine is), so its recording sits in a `RefCell`: borrowed only
+//! inside one of its calls, never across a user's code.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,21 +16,20 @@ use std::task::{Context, Poll};
 
 use super::Engine;
 use super::handle::OpHandle;
-use super::op_builder::OpOptions;
+use super::op_builder::Declaration;
+use super::ops::{OpDecl, Ops};
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
 use crate::dep::{
     AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, Var,
     distinct_edges, in_op, recorded_edges,
 };
-use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
 use crate::graph::analysis::{Analysed, Recording, analyse};
 use crate::graph::capture::{CapturedBody, Capturing, capturing};
 use crate::graph::dot::{DotOp, to_dot};
 use crate::graph::run::ReplayBody;
 use crate::graph::{GraphEdge, GraphOp, MemoryPlan, Order};
-use crate::resource::Resource;
 
 /// Graph ids, which their intermediates carry (0: none).
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
@@ -68,15 +73,40 @@ impl Engine {
     /// # Ok::<(), depflow::Error>(())
     /// ```
     ///
+    /// `f` may return any error (a `depflow::Error`, an `anyhow::Error`, a
+    /// `Box<dyn Error>`): the recording is dropped and the error returned,
+    /// as itself if it is a `depflow::Error`, else inside
+    /// [`Error::Recording`]. A closure that ends in `Ok(())` after `?`s
+    /// names its error type, e.g. `Ok::<(), depflow::Error>(())`.
+    ///
     /// # Errors
     ///
     /// [`Error::ShutDown`] after shutdown; [`Error::Graph`] inside an op;
     /// what `f` returns (the errors a push would give, and
-    /// [`Error::Graph`] for an op a graph cannot replay); [`Error::Graph`]
-    /// for a planned buffer that an op reads before any op writes it.
-    pub fn record<F>(&self, f: F) -> Result<Graph, Error>
+    /// [`Error::Graph`] for an op a graph cannot replay; the closure's own
+    /// errors in [`Error::Recording`]); [`Error::Graph`] for a planned
+    /// buffer that an op reads before any op writes it.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let x = engine.var(0u8);
+    /// let err = engine
+    ///     .record(|rec| {
+    ///         rec.op().mutates(&[&x]).run(|_| Ok(()))?;
+    ///         let batch: usize = "twelve".parse()?; // the caller's own error
+    ///         rec.op().name(format!("batch {batch}")).mutates(&[&x]).run(|_| Ok(()))?;
+    ///         Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    ///     })
+    ///     .unwrap_err();
+    /// assert!(matches!(err, Error::Recording(_)));
+    /// assert_eq!(err.to_string(), "recording: invalid digit found in string");
+    /// ```
+    pub fn record<F, E>(&self, f: F) -> Result<Graph, Error>
     where
-        F: FnOnce(&mut Recorder<'_>) -> Result<(), Error>,
+        F: FnOnce(&mut Recorder<'_>) -> Result<(), E>,
+        E: Into<BoxError>,
     {
         if self.shared().is_closed() {
             return Err(Error::ShutDown);
@@ -88,22 +118,22 @@ impl Engine {
         }
         let mut recorder = Recorder {
             engine: self,
-            recording: Recording {
+            recording: RefCell::new(Recording {
                 graph: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
                 ..Recording::default()
-            },
+            }),
             name: None,
             capture: false,
         };
-        f(&mut recorder)?;
+        f(&mut recorder).map_err(|e| Error::from_caller(e.into()))?;
         recorder.finish()
     }
 }
 
 /// Declares a graph's ops (see [`Engine::record`]).
 pub struct Recorder<'e> {
-    engine: &'e Engine,
-    recording: Recording,
+    pub(super) engine: &'e Engine,
+    recording: RefCell<Recording>,
     name: Option<Arc<str>>,
     /// Replays launch one captured device graph (`capture`).
     capture: bool,
@@ -111,10 +141,11 @@ pub struct Recorder<'e> {
 
 impl std::fmt::Debug for Recorder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let recording = self.recording.borrow();
         f.debug_struct("Recorder")
-            .field("ops", &self.recording.ops.len())
-            .field("buffers", &self.recording.buffers.len())
-            .field("order", &self.recording.order)
+            .field("ops", &recording.ops.len())
+            .field("buffers", &recording.buffers.len())
+            .field("order", &recording.order)
             .finish_non_exhaustive()
     }
 }
@@ -122,31 +153,42 @@ impl std::fmt::Debug for Recorder<'_> {
 impl<'e> Recorder<'e> {
     /// A new intermediate variable owning `value`. Its value carries over
     /// from one replay to the next; its poison does not.
-    pub fn var<T: Send + Sync + 'static>(&mut self, value: T) -> Var<T> {
-        Var::intermediate(self.engine.shared().id, value, self.recording.graph, None)
+    pub fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
+        self.intermediate(value, None)
+    }
+
+    /// [`var`](Self::var), named `name` in errors, diagnostics and the
+    /// graph's DOT (as [`Engine::var_named`] names a variable).
+    pub fn var_named<T: Send + Sync + 'static>(&self, name: &str, value: T) -> Var<T> {
+        self.intermediate(value, Some(name.into()))
     }
 
     /// A new plain intermediate variable (a tag).
-    pub fn new_var(&mut self) -> Var {
+    pub fn new_var(&self) -> Var {
         self.var(())
+    }
+
+    fn intermediate<T: Send + Sync + 'static>(&self, value: T, name: Option<Arc<str>>) -> Var<T> {
+        let graph = self.recording.borrow().graph;
+        Var::intermediate(self.engine.shared().id, value, graph, name)
     }
 
     /// A new planned buffer of `len` values of `T`: an intermediate whose
     /// memory the graph takes on the first replay that touches it and
     /// shares with buffers never live at the same time (see
     /// [`Graph::plan`]). Its first op in recorded order must mutate it.
-    pub fn buffer<T: Element>(&mut self, len: usize) -> Buffer<T> {
+    pub fn buffer<T: Element>(&self, len: usize) -> Buffer<T> {
         self.make_buffer(len, None)
     }
 
     /// [`buffer`](Self::buffer), named `name` in errors and the graph's
     /// DOT (as [`Engine::var_named`] names a variable).
-    pub fn buffer_named<T: Element>(&mut self, name: &str, len: usize) -> Buffer<T> {
+    pub fn buffer_named<T: Element>(&self, name: &str, len: usize) -> Buffer<T> {
         self.make_buffer(len, Some(name.into()))
     }
 
-    fn make_buffer<T: Element>(&mut self, len: usize, name: Option<Arc<str>>) -> Buffer<T> {
-        let recording = &mut self.recording;
+    fn make_buffer<T: Element>(&self, len: usize, name: Option<Arc<str>>) -> Buffer<T> {
+        let recording = &mut *self.recording.borrow_mut();
         let var = Var::intermediate(self.engine.shared().id, (), recording.graph, name);
         let slot = u32::try_from(recording.buffers.len()).expect("at most 2^32 buffers");
         recording.buffers.push((
@@ -178,7 +220,7 @@ impl<'e> Recorder<'e> {
     /// [`Error::Config`] for another engine's device; [`Error::Graph`] for
     /// a device without streams (use [`buffer`](Self::buffer) there).
     pub fn device_buffer<T: Element>(
-        &mut self,
+        &self,
         device: Device,
         len: usize,
     ) -> Result<DeviceBuffer<T>, Error> {
@@ -192,7 +234,7 @@ impl<'e> Recorder<'e> {
     ///
     /// As for `device_buffer`.
     pub fn device_buffer_named<T: Element>(
-        &mut self,
+        &self,
         name: &str,
         device: Device,
         len: usize,
@@ -201,7 +243,7 @@ impl<'e> Recorder<'e> {
     }
 
     fn make_device_buffer<T: Element>(
-        &mut self,
+        &self,
         device: Device,
         len: usize,
         name: Option<Arc<str>>,
@@ -218,7 +260,7 @@ impl<'e> Recorder<'e> {
                 device.index
             )));
         }
-        let recording = &mut self.recording;
+        let recording = &mut *self.recording.borrow_mut();
         let var = Var::intermediate(shared.id, (), recording.graph, name);
         let bytes = len
             .checked_mul(size_of::<T>())
@@ -229,7 +271,7 @@ impl<'e> Recorder<'e> {
 
     /// The order replays run the ops in (default [`Order::Parallel`]).
     pub fn order(&mut self, order: Order) -> &mut Self {
-        self.recording.order = order;
+        self.recording.get_mut().order = order;
         self
     }
 
@@ -297,7 +339,7 @@ impl<'e> Recorder<'e> {
     ///             }
     ///         })?;
     ///     }
-    ///     Ok(())
+    ///     Ok::<(), depflow::Error>(())
     /// })?;
     /// graph.replay().wait()?; // captures, then launches
     /// graph.replay().wait()?; // launches
@@ -312,14 +354,10 @@ impl<'e> Recorder<'e> {
         self
     }
 
-    /// Starts declaring an op, as [`Engine::op`] does.
-    pub fn op(&mut self) -> RecordOp<'_, 'e> {
-        RecordOp {
-            recorder: self,
-            reads: Vec::new(),
-            mutates: Vec::new(),
-            opts: OpOptions::default(),
-        }
+    /// Starts declaring an op, as [`Engine::op`] does (the same as
+    /// [`Ops::op`]).
+    pub fn op(&self) -> RecordOp<'_, 'e> {
+        Ops::op(self)
     }
 
     /// Records an op that reads `reads` and mutates `mutates`, as
@@ -329,12 +367,7 @@ impl<'e> Recorder<'e> {
     ///
     /// As for [`Engine::push`] (at once), and [`Error::GraphOwned`] for
     /// another graph's intermediate.
-    pub fn push<F>(
-        &mut self,
-        reads: &[&dyn AnyVar],
-        mutates: &[&dyn AnyVar],
-        f: F,
-    ) -> Result<(), Error>
+    pub fn push<F>(&self, reads: &[&dyn AnyVar], mutates: &[&dyn AnyVar], f: F) -> Result<(), Error>
     where
         F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
     {
@@ -344,7 +377,7 @@ impl<'e> Recorder<'e> {
     /// Analyses the recording into a graph.
     fn finish(self) -> Result<Graph, Error> {
         let shared = self.engine.shared();
-        let mut analysed = analyse(self.recording, shared.clone())?;
+        let mut analysed = analyse(self.recording.into_inner(), shared.clone())?;
         analysed.mutates.push(Box::new(Var::new(shared.id, ())));
         let capture = match self.capture {
             true => {
@@ -374,182 +407,51 @@ impl<'e> Recorder<'e> {
     }
 }
 
-/// An op being recorded, from [`Recorder::op`]: the same declarations as
-/// [`OpBuilder`](crate::OpBuilder) (variables, name, priority, device),
-/// and a body that runs once per replay.
-#[must_use = "a RecordOp records nothing until `run`"]
-pub struct RecordOp<'r, 'e> {
-    recorder: &'r mut Recorder<'e>,
-    reads: Vec<&'r dyn AnyVar>,
-    mutates: Vec<&'r dyn AnyVar>,
-    opts: OpOptions,
-}
+/// An op being recorded, from [`Recorder::op`]: an [`OpDecl`] on a
+/// recorder, with the same declarations as [`OpBuilder`](crate::OpBuilder)
+/// (variables, typed accesses, name, priority, device, lane, units), and a
+/// body that runs once per replay.
+pub type RecordOp<'r, 'e> = OpDecl<'r, Recorder<'e>>;
 
-impl std::fmt::Debug for RecordOp<'_, '_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordOp")
-            .field("name", &self.opts.name)
-            .field("priority", &self.opts.priority)
-            .field("device", &self.opts.device)
-            .field("lane", &self.opts.lane)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'r> RecordOp<'r, '_> {
-    /// Adds variables the op reads (calls add up).
-    pub fn reads(mut self, vars: &[&'r dyn AnyVar]) -> Self {
-        self.reads.extend_from_slice(vars);
-        self
-    }
-
-    /// Adds variables the op mutates (calls add up).
-    pub fn mutates(mut self, vars: &[&'r dyn AnyVar]) -> Self {
-        self.mutates.extend_from_slice(vars);
-        self
-    }
-
-    /// A name for errors, traces and the graph's DOT.
-    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.opts.name = Some(name.into());
-        self
-    }
-
-    /// A priority among ready ops; see [`OpBuilder::priority`](crate::OpBuilder::priority).
-    pub fn priority(mut self, priority: i32) -> Self {
-        self.opts.priority = priority;
-        self
-    }
-
-    /// The device to run on (default: the engine's default device). On a
-    /// stream device the body enqueues work on its lane's stream
-    /// ([`OpCtx::stream`]), as a pushed op's does: in a replay, the op's
-    /// successors on the same device go once its work is enqueued (the
-    /// device orders lanes with stream waits), the others once it is done,
-    /// and the replay ends once all its ops' device work is done.
-    pub fn on(mut self, device: Device) -> Self {
-        self.opts.device = Some(device);
-        self
-    }
-
-    /// The lane of a stream device the op's work goes to (default
-    /// [`Lane::Compute`]); see [`OpBuilder::lane`](crate::OpBuilder::lane).
-    ///
-    /// ```
-    /// use depflow::{Engine, Executor, Lane};
-    ///
-    /// let engine = Engine::builder().device("gpu", Executor::simulated_gpu(2)).build()?;
-    /// let gpu = engine.device("gpu").unwrap();
-    /// let v = engine.var(0u32);
-    /// let graph = engine.record(|rec| {
-    ///     rec.op().on(gpu).lane(Lane::HostToDevice).mutates(&[&v]).run({
-    ///         let v = v.key();
-    ///         move |ctx| {
-    ///             *ctx.write(v)? += 1; // on the host, in the body
-    ///             Ok(ctx.stream()?.enqueue(|| Ok(()))?) // device work
-    ///         }
-    ///     })
-    /// })?;
-    /// graph.replay().wait()?; // over once the device work is done
-    /// assert_eq!(engine.get(&v).wait()?, 1);
-    /// # Ok::<(), depflow::Error>(())
-    /// ```
-    pub fn lane(mut self, lane: Lane) -> Self {
-        self.opts.lane = Some(lane);
-        self
-    }
-
-    /// Units of `resource` the op needs while it runs (on a stream device:
-    /// until its device work is done), as
-    /// [`OpBuilder::uses`](crate::OpBuilder::uses): in each replay the op
-    /// starts only once they are free (waiting without holding a thread),
-    /// in the order the replay's ops would get them had they been pushed
-    /// at the replay call, and gives them back when it ends.
-    ///
-    /// ```
-    /// use depflow::Engine;
-    ///
-    /// let engine = Engine::new();
-    /// let slots = engine.new_resource("slots", 1);
-    /// let (a, b) = (engine.var(0u32), engine.var(0u32));
-    /// let graph = engine.record(|rec| {
-    ///     // Independent ops, but one slot: they never overlap.
-    ///     rec.op().mutates(&[&a]).uses(&slots, 1).run({
-    ///         let a = a.key();
-    ///         move |ctx| { *ctx.write(a)? += 1; Ok(()) }
-    ///     })?;
-    ///     rec.op().mutates(&[&b]).uses(&slots, 1).run({
-    ///         let b = b.key();
-    ///         move |ctx| { *ctx.write(b)? += 1; Ok(()) }
-    ///     })
-    /// })?;
-    /// graph.replay().wait()?;
-    /// assert_eq!(slots.in_use(), 0);
-    /// # Ok::<(), depflow::Error>(())
-    /// ```
-    pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
-        let engine = self.recorder.engine.shared().id;
-        self.opts.add_units(engine, resource, units, None);
-        self
-    }
-
-    /// Refused: a recorded op cannot hand lasting units on to an output
-    /// (`run` reports [`Error::Graph`]). A graph's memory is its planned
-    /// buffers ([`Recorder::buffer`]), taken once and shared by plan; use
-    /// [`uses`](Self::uses) for units held while the op runs, or push the
-    /// allocating op.
-    pub fn allocates(mut self, resource: &Resource, units: u64, output: &dyn AnyVar) -> Self {
-        let _ = (units, output);
-        self.opts.invalid.get_or_insert(Error::Graph(format!(
-            "a recorded op cannot allocate lasting units of `{}`: a graph's memory is its \
-             planned buffers (Recorder::buffer); use `uses` for units held while the op runs, \
-             or push the allocating op",
-            resource.name()
-        )));
-        self
-    }
-
-    /// Records the op with its body, which runs once per replay.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Engine::push`]; [`Error::GraphOwned`] for another graph's
-    /// intermediate; [`Error::Config`] for another engine's device;
-    /// [`Error::Stream`] for a lane the device lacks, or a lane given for
-    /// a host device; [`Error::OverCapacity`] and
-    /// [`Error::ForeignResource`] as for [`OpBuilder::uses`](crate::OpBuilder::uses);
-    /// [`Error::Graph`] for [`allocates`](Self::allocates).
-    pub fn run<F>(mut self, f: F) -> Result<(), Error>
+impl Recorder<'_> {
+    /// Records the op `decl` declares with its body (see [`OpDecl::run`]).
+    pub(super) fn record_op<F>(&self, mut decl: Declaration<'_>, f: F) -> Result<(), Error>
     where
         F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        let recorder = self.recorder;
-        let shared = recorder.engine.shared();
-        let device = self.opts.device_index(shared)?;
-        if let Some(e) = self.opts.invalid.take() {
+        let shared = self.engine.shared();
+        if !decl.allocations.is_empty() {
+            let resource = decl.opts.units.as_ref().and_then(|u| u.lasting_resource());
+            decl.opts.invalid.get_or_insert(Error::Graph(format!(
+                "a recorded op cannot allocate lasting units of `{}`: a graph's memory is its \
+                 planned buffers (Recorder::buffer); use `uses` for units held while the op \
+                 runs, or push the allocating op",
+                resource.unwrap_or("a resource")
+            )));
+        }
+        let opts = &mut decl.opts;
+        let device = opts.device_index(shared)?;
+        if let Some(e) = opts.invalid.take() {
             return Err(e);
         }
-        let lane = self.opts.lane_index(shared, device, true)?;
-        self.opts.check_capacity()?;
-        let edges = recorded_edges(
-            &self.reads,
-            &self.mutates,
-            shared.id,
-            recorder.recording.graph,
-        )?;
+        let lane = opts.lane_index(shared, device, true)?;
+        opts.check_capacity()?;
+        let recording = &mut *self.recording.borrow_mut();
+        let (reads, mutates) = (decl.reads.as_slice(), decl.mutates.as_slice());
+        let edges = recorded_edges(reads, mutates, shared.id, recording.graph)?;
         let spec = OpSpec {
             edges,
-            units: self.opts.units,
-            name: self.opts.name,
+            units: decl.opts.units,
+            name: decl.opts.name,
             device_index: device,
             lane,
-            priority: self.opts.priority,
+            priority: decl.opts.priority,
             mode: Mode::Normal,
             generation: 0,
         };
-        recorder.recording.check_device_buffers(&spec)?;
-        let vars: Vec<&dyn AnyVar> = self.mutates.iter().chain(&self.reads).copied().collect();
-        recorder.recording.push(spec, Box::new(f), &vars);
+        recording.check_device_buffers(&spec)?;
+        let vars: Vec<&dyn AnyVar> = mutates.iter().chain(reads).copied().collect();
+        recording.push(spec, Box::new(f), &vars);
         Ok(())
     }
 }

@@ -1,28 +1,32 @@
 //! Typed access: an op whose declarations are what give its body access.
 //!
-//! [`OpBuilder::with`] takes the op's accesses, [`read(&x)`](read()) and
+//! [`OpBuilder::with`] (and [`OpDecl::with`], for pushed and recorded ops
+//! alike) takes the op's accesses, [`read(&x)`](read()) and
 //! [`write(&y)`](write()) (one, or a tuple of up to eight), declares their
 //! variables on the builder and returns a [`TypedOp`], whose body receives
-//! the values themselves, in order: `&X` for a read, `&mut Y` for a write.
-//! A body cannot reach a variable it did not declare, nor mutate one it
-//! declared as read: such a body does not compile. The untyped form
-//! (`reads`/`mutates`, keys, [`OpCtx::read`]) is unchanged and sits beside
-//! it.
+//! the values themselves, in order: `&X` for a read of a `Var<X>` (`&[X]`
+//! for a planned `Buffer<X>`), `&mut Y` for a write. A body cannot reach a
+//! variable it did not declare, nor mutate one it declared as read: such a
+//! body does not compile. The untyped form (`reads`/`mutates`, keys,
+//! [`OpCtx::read`]) is unchanged and sits beside it.
 //!
 //! Built on the public API of the layers below: at `run`, the body is
-//! wrapped in a closure that holds the variables' [`VarKey`]s and borrows
-//! the values through [`OpCtx::read`] and [`OpCtx::write`] before calling
-//! it; the op is pushed by [`OpBuilder::run`] like any other.
+//! wrapped in a closure that holds the operands' keys ([`TypedVar`]) and
+//! borrows the values through [`OpCtx::read`] and [`OpCtx::write`] before
+//! calling it; the op is pushed (or recorded) by the builder's own `run`
+//! like any other.
 
 use std::future::Future;
 
 use super::handle::OpHandle;
 use super::op_builder::OpBuilder;
-use crate::dep::{AnyVar, OpCtx, Var, VarKey, VarMut, VarRef};
+use super::ops::{OpDecl, Ops};
+use crate::dep::{AnyVar, OpCtx, Operand, TypedVar, VarMut, VarRef};
 use crate::error::{BoxError, Error, VarId};
 
-/// Declares that an op reads `var`; its body gets `&T` (see
-/// [`OpBuilder::with`]).
+/// Declares that an op reads `var`, a [`Var<T>`](crate::Var) (its body gets
+/// `&T`) or a planned [`Buffer<T>`](crate::Buffer) (`&[T]`); see
+/// [`OpBuilder::with`].
 ///
 /// ```
 /// use depflow::{Engine, read};
@@ -33,12 +37,13 @@ use crate::error::{BoxError, Error, VarId};
 /// assert_eq!(sum.wait()?, 6);
 /// # Ok::<(), depflow::Error>(())
 /// ```
-pub fn read<T: Send + Sync + 'static>(var: &Var<T>) -> Read<'_, T> {
+pub fn read<V: TypedVar>(var: &V) -> Read<'_, V> {
     Read(var)
 }
 
-/// Declares that an op mutates `var`; its body gets `&mut T` (see
-/// [`OpBuilder::with`]).
+/// Declares that an op mutates `var`, a [`Var<T>`](crate::Var) (its body
+/// gets `&mut T`) or a planned [`Buffer<T>`](crate::Buffer) (`&mut [T]`);
+/// see [`OpBuilder::with`].
 ///
 /// ```
 /// use depflow::{Engine, write};
@@ -52,47 +57,25 @@ pub fn read<T: Send + Sync + 'static>(var: &Var<T>) -> Read<'_, T> {
 /// assert_eq!(engine.get(&log).wait()?, "hello");
 /// # Ok::<(), depflow::Error>(())
 /// ```
-pub fn write<T: Send + Sync + 'static>(var: &Var<T>) -> Write<'_, T> {
+pub fn write<V: TypedVar>(var: &V) -> Write<'_, V> {
     Write(var)
 }
 
-/// A read of a variable, declared by [`read()`].
+/// A read of a variable or planned buffer, declared by [`read()`].
 #[derive(Debug)]
-pub struct Read<'a, T>(&'a Var<T>);
+pub struct Read<'a, V>(&'a V);
 
-/// A mutation of a variable, declared by [`write()`].
+/// A mutation of a variable or planned buffer, declared by [`write()`].
 #[derive(Debug)]
-pub struct Write<'a, T>(&'a Var<T>);
+pub struct Write<'a, V>(&'a V);
 
-/// What a [`Read`] leaves in the op's body: the variable's key.
-pub struct ReadKey<T>(VarKey<T>);
+/// What a [`Read`] leaves in the op's body: the operand's key.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadKey<K>(K);
 
-/// What a [`Write`] leaves in the op's body: the variable's key.
-pub struct WriteKey<T>(VarKey<T>);
-
-impl<T> Clone for ReadKey<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for ReadKey<T> {}
-impl<T> Clone for WriteKey<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for WriteKey<T> {}
-
-impl<T> std::fmt::Debug for ReadKey<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ReadKey({})", self.0.id())
-    }
-}
-impl<T> std::fmt::Debug for WriteKey<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WriteKey({})", self.0.id())
-    }
-}
+/// What a [`Write`] leaves in the op's body: the operand's key.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteKey<K>(K);
 
 mod sealed {
     pub trait Sealed {}
@@ -128,7 +111,7 @@ pub trait Accesses<'a>: sealed::Sealed {
 
 /// The keys of an op's declared accesses, and what they give its body.
 /// Sealed.
-pub trait AccessKeys: sealed::Sealed + Copy + Send + 'static {
+pub trait AccessKeys: sealed::Sealed + Clone + Send + Sync + 'static {
     /// The borrows an async body gets from [`TypedCtx::get`]: [`VarRef`]
     /// for a read, [`VarMut`] for a write (a tuple of them, in order, for a
     /// tuple of accesses).
@@ -138,55 +121,65 @@ pub trait AccessKeys: sealed::Sealed + Copy + Send + 'static {
     type Refs<'g>;
     /// Borrows the values from the op's context.
     #[doc(hidden)]
-    fn guards(self, ctx: &OpCtx) -> Result<Self::Guards<'_>, Error>;
+    fn guards<'c>(&self, ctx: &'c OpCtx) -> Result<Self::Guards<'c>, Error>;
     /// The values, from the borrows.
     #[doc(hidden)]
     fn refs<'g, 'c>(guards: &'g mut Self::Guards<'c>) -> Self::Refs<'g>;
 }
 
-impl<T> sealed::Sealed for Read<'_, T> {}
-impl<T> sealed::Sealed for Write<'_, T> {}
-impl<T> sealed::Sealed for ReadKey<T> {}
-impl<T> sealed::Sealed for WriteKey<T> {}
+impl<V> sealed::Sealed for Read<'_, V> {}
+impl<V> sealed::Sealed for Write<'_, V> {}
+impl<K> sealed::Sealed for ReadKey<K> {}
+impl<K> sealed::Sealed for WriteKey<K> {}
 
-impl<'a, T: Send + Sync + 'static> Access<'a> for Read<'a, T> {
-    type Key = ReadKey<T>;
+impl<'a, V: TypedVar> Access<'a> for Read<'a, V> {
+    type Key = ReadKey<V::Key>;
     #[inline]
-    fn declare(self) -> (&'a dyn AnyVar, VarId, bool, ReadKey<T>) {
-        (self.0, self.0.id(), false, ReadKey(self.0.key()))
+    fn declare(self) -> (&'a dyn AnyVar, VarId, bool, Self::Key) {
+        (
+            self.0,
+            self.0.core().id(),
+            false,
+            ReadKey(self.0.typed_key()),
+        )
     }
 }
 
-impl<'a, T: Send + Sync + 'static> Access<'a> for Write<'a, T> {
-    type Key = WriteKey<T>;
+impl<'a, V: TypedVar> Access<'a> for Write<'a, V> {
+    type Key = WriteKey<V::Key>;
     #[inline]
-    fn declare(self) -> (&'a dyn AnyVar, VarId, bool, WriteKey<T>) {
-        (self.0, self.0.id(), true, WriteKey(self.0.key()))
+    fn declare(self) -> (&'a dyn AnyVar, VarId, bool, Self::Key) {
+        (
+            self.0,
+            self.0.core().id(),
+            true,
+            WriteKey(self.0.typed_key()),
+        )
     }
 }
 
-impl<T: Send + Sync + 'static> AccessKeys for ReadKey<T> {
-    type Guards<'c> = VarRef<'c, T>;
-    type Refs<'g> = &'g T;
+impl<K: Operand + Clone + Send + Sync + 'static> AccessKeys for ReadKey<K> {
+    type Guards<'c> = VarRef<'c, K::Value>;
+    type Refs<'g> = &'g K::Value;
     #[inline]
-    fn guards(self, ctx: &OpCtx) -> Result<VarRef<'_, T>, Error> {
-        ctx.read(self.0)
+    fn guards<'c>(&self, ctx: &'c OpCtx) -> Result<VarRef<'c, K::Value>, Error> {
+        self.0.read_in(ctx)
     }
     #[inline]
-    fn refs<'g, 'c>(guard: &'g mut VarRef<'c, T>) -> &'g T {
+    fn refs<'g, 'c>(guard: &'g mut VarRef<'c, K::Value>) -> &'g K::Value {
         guard
     }
 }
 
-impl<T: Send + Sync + 'static> AccessKeys for WriteKey<T> {
-    type Guards<'c> = VarMut<'c, T>;
-    type Refs<'g> = &'g mut T;
+impl<K: Operand + Clone + Send + Sync + 'static> AccessKeys for WriteKey<K> {
+    type Guards<'c> = VarMut<'c, K::Value>;
+    type Refs<'g> = &'g mut K::Value;
     #[inline]
-    fn guards(self, ctx: &OpCtx) -> Result<VarMut<'_, T>, Error> {
-        ctx.write(self.0)
+    fn guards<'c>(&self, ctx: &'c OpCtx) -> Result<VarMut<'c, K::Value>, Error> {
+        self.0.write_in(ctx)
     }
     #[inline]
-    fn refs<'g, 'c>(guard: &'g mut VarMut<'c, T>) -> &'g mut T {
+    fn refs<'g, 'c>(guard: &'g mut VarMut<'c, K::Value>) -> &'g mut K::Value {
         guard
     }
 }
@@ -205,7 +198,7 @@ fn duplicate(declared: &[(VarId, bool)]) -> Option<VarId> {
 
 macro_rules! single {
     ($($access:ident),*) => {$(
-        impl<'a, T: Send + Sync + 'static> Accesses<'a> for $access<'a, T> {
+        impl<'a, V: TypedVar> Accesses<'a> for $access<'a, V> {
             type Keys = <Self as Access<'a>>::Key;
             type Vars = [(&'a dyn AnyVar, bool); 1];
             #[inline]
@@ -238,7 +231,7 @@ macro_rules! tuples {
             type Guards<'c> = ($($k::Guards<'c>,)*);
             type Refs<'g> = ($($k::Refs<'g>,)*);
             #[inline]
-            fn guards(self, ctx: &OpCtx) -> Result<Self::Guards<'_>, Error> {
+            fn guards<'c>(&self, ctx: &'c OpCtx) -> Result<Self::Guards<'c>, Error> {
                 let ($($k,)*) = self;
                 Ok(($($k.guards(ctx)?,)*))
             }
@@ -267,26 +260,29 @@ mod tuple_impls {
 }
 
 /// An op whose body gets the values of the variables it declared, made by
-/// [`OpBuilder::with`]: push it with [`run`](TypedOp::run) (the body gets
-/// `&T`/`&mut T`), [`run_with_ctx`](TypedOp::run_with_ctx) (and the
-/// [`OpCtx`]) or [`run_async`](TypedOp::run_async).
+/// `with` on a builder `B`: an [`OpBuilder`] ([`OpBuilder::with`]: push it
+/// with [`run`](TypedOp::run) (the body gets `&T`/`&mut T`),
+/// [`run_with_ctx`](TypedOp::run_with_ctx) (and the [`OpCtx`]) or
+/// [`run_async`](TypedOp::run_async)), or an [`OpDecl`] ([`OpDecl::with`]:
+/// pushed or recorded by `run` or `run_with_ctx`, with a body that may run
+/// many times).
 ///
 /// Set the op's other options (name, priority, device, lane, resource
-/// units, more variables) on the [`OpBuilder`] before `with`.
-#[must_use = "a TypedOp does nothing until `run`, `run_with_ctx` or `run_async`"]
+/// units, more variables) on the builder before `with`.
+#[must_use = "a TypedOp does nothing until it is run"]
 #[derive(Debug)]
-pub struct TypedOp<'a, K> {
-    builder: OpBuilder<'a>,
+pub struct TypedOp<B, K> {
+    builder: B,
     keys: K,
     /// A variable declared twice, once at least as written: reported by
     /// `run` as [`Error::Borrowed`].
     duplicate: Option<VarId>,
 }
 
-impl<'a, K: AccessKeys> TypedOp<'a, K> {
+impl<B, K: AccessKeys> TypedOp<B, K> {
     /// The typed op on `builder`, which has declared the accesses' variables.
     #[inline]
-    pub(super) fn new(builder: OpBuilder<'a>, keys: K, duplicate: Option<VarId>) -> Self {
+    pub(super) fn new(builder: B, keys: K, duplicate: Option<VarId>) -> Self {
         Self {
             builder,
             keys,
@@ -294,6 +290,18 @@ impl<'a, K: AccessKeys> TypedOp<'a, K> {
         }
     }
 
+    /// The builder and the keys, unless the accesses name a variable twice,
+    /// once at least as written.
+    #[inline]
+    fn checked(self) -> Result<(B, K), Error> {
+        match self.duplicate {
+            Some(id) => Err(Error::Borrowed(id)),
+            None => Ok((self.builder, self.keys)),
+        }
+    }
+}
+
+impl<'a, K: AccessKeys> TypedOp<OpBuilder<'a>, K> {
     /// Pushes the op with a synchronous body, which gets the values of the
     /// declared variables in order: `&T` for a [`read()`], `&mut T` for a
     /// [`write()`]. See [`OpBuilder::with`].
@@ -343,6 +351,8 @@ impl<'a, K: AccessKeys> TypedOp<'a, K> {
         F: for<'g> FnOnce(&'g OpCtx, K::Refs<'g>) -> Result<T, BoxError> + Send + 'static,
         T: Send + 'static,
     {
+        // Not through `checked`: moving the builder out in a `Result` cost
+        // 40 instructions an op (benches/push_cost.rs, typed).
         if let Some(id) = self.duplicate {
             return Err(Error::Borrowed(id));
         }
@@ -382,11 +392,74 @@ impl<'a, K: AccessKeys> TypedOp<'a, K> {
         Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
         T: Send + 'static,
     {
-        if let Some(id) = self.duplicate {
-            return Err(Error::Borrowed(id));
-        }
-        let keys = self.keys;
-        self.builder.run_async(move |ctx| f(TypedCtx { ctx, keys }))
+        let (builder, keys) = self.checked()?;
+        builder.run_async(move |ctx| f(TypedCtx { ctx, keys }))
+    }
+}
+
+impl<'a, O: Ops + ?Sized, K: AccessKeys> TypedOp<OpDecl<'a, O>, K> {
+    /// Pushes or records the op (see [`OpDecl::run`]) with a body that gets
+    /// the values of the declared variables in order: `&T` for a
+    /// [`read()`] of a `Var<T>` (`&[T]` of a `Buffer<T>`), `&mut T` for a
+    /// [`write()`]. The body may run many times (once per replay).
+    ///
+    /// # Errors
+    ///
+    /// As for [`OpDecl::run`], and [`Error::Borrowed`] if the accesses name
+    /// a variable twice, once at least with [`write()`].
+    ///
+    /// ```
+    /// use depflow::{Buffer, Engine, Error, Ops, Var, read, write};
+    ///
+    /// /// `y = x + 1` through a scratch buffer: pushed or recorded alike.
+    /// fn plus_one(ops: &impl Ops, x: &Var<Vec<f32>>, y: &Var<Vec<f32>>) -> Result<(), Error> {
+    ///     let t: Buffer<f32> = ops.buffer(2);
+    ///     ops.op().with((read(x), write(&t))).run(|(x, t)| {
+    ///         t.iter_mut().zip(x).for_each(|(t, x)| *t = x + 1.0);
+    ///         Ok(())
+    ///     })?;
+    ///     ops.op().with((read(&t), write(y))).run(|(t, y)| {
+    ///         y.copy_from_slice(t);
+    ///         Ok(())
+    ///     })?;
+    ///     Ok(())
+    /// }
+    ///
+    /// let engine = Engine::new();
+    /// let (x, y) = (engine.var(vec![1.0, 2.0]), engine.var(vec![0.0; 2]));
+    /// plus_one(&engine, &x, &y)?; // pushed: runs now
+    /// assert_eq!(engine.get(&y).wait()?, [2.0, 3.0]);
+    /// let graph = engine.record(|rec| plus_one(rec, &y, &x))?; // recorded
+    /// graph.replay().wait()?;
+    /// assert_eq!(engine.get(&x).wait()?, [3.0, 4.0]);
+    /// # Ok::<(), Error>(())
+    /// ```
+    #[inline]
+    pub fn run<F, T>(self, f: F) -> Result<O::Handle<T>, Error>
+    where
+        F: for<'g> Fn(K::Refs<'g>) -> Result<T, BoxError> + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        self.run_with_ctx(move |_, refs| f(refs))
+    }
+
+    /// Like [`run`](Self::run), for a body that needs the op's context too.
+    /// See [`TypedOp::<OpBuilder, K>::run_with_ctx`](TypedOp::run_with_ctx).
+    ///
+    /// # Errors
+    ///
+    /// As for [`run`](Self::run).
+    #[inline]
+    pub fn run_with_ctx<F, T>(self, f: F) -> Result<O::Handle<T>, Error>
+    where
+        F: for<'g> Fn(&'g OpCtx, K::Refs<'g>) -> Result<T, BoxError> + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        let (builder, keys) = self.checked()?;
+        builder.run(move |ctx| {
+            let mut guards = keys.guards(ctx)?;
+            f(ctx, K::refs(&mut guards))
+        })
     }
 }
 
