@@ -11,12 +11,14 @@
 //! cargo run --release --example graph_mlp -- --epochs 20 --dot step.dot
 //! ```
 //!
-//! A step is written once, in `train_step`, against the small `Sink`
-//! trait: the `Dynamic` sink pushes each op as it comes (a fresh variable per
-//! intermediate, every step); the `Recording` sink records it once
-//! (`Engine::record`) and the training loop replays it per batch, its
-//! intermediates planned buffers in one arena. Both train from the same
-//! start.
+//! A step is written once, in `train_step`, against depflow's `Ops` trait
+//! (SINGA's graph switch): given the `Engine`, it pushes each op as it
+//! comes (a fresh buffer per intermediate, every step); given a `Recorder`
+//! (`Engine::record`), it records the step once, and the training loop
+//! replays it per batch, its intermediates planned buffers in one arena.
+//! Every tensor is a `Buffer<f32>` and every op declares what it reads and
+//! writes with typed access, so a body gets plain slices either way. Both
+//! paths train from the same start.
 //!
 //! It prints the mean training loss per epoch (falling) and the test
 //! accuracy, for both paths; the time per iteration of each; the
@@ -27,7 +29,6 @@
 //! engine, on either path, or if the final test accuracy is below
 //! `MIN_ACCURACY`.
 
-use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,9 +39,7 @@ use std::time::{Duration, Instant};
 mod data;
 
 use data::{Data, Rng};
-use depflow::{
-    AnyVar, BoxError, Buffer, Engine, Error, OpCtx, Order, Recorder, Var, VarMut, VarRef,
-};
+use depflow::{BoxError, Buffer, Engine, Error, Graph, Ops, Order, Var, read, write};
 
 /// Layer widths: 64 pixels in, two ReLU layers, 10 classes out.
 const DIMS: [usize; 4] = [64, 128, 64, 10];
@@ -55,224 +54,121 @@ const SEED: u64 = 13;
 const MIN_ACCURACY: f64 = 0.93;
 const CHECKED_FROM: usize = 5;
 
-/// A tensor variable: parameters, the batch, and the dynamic intermediates.
-type Tsr = Var<Vec<f32>>;
-
-// ---- The tensor and sink abstractions: what `train_step` is written against.
-
-/// How an op body reaches a tensor's elements through its context. The
-/// dynamic path's tensors are variables; a recorded graph's intermediates are
-/// planned buffers in its arena. Bodies overwrite every element they write
-/// (a planned buffer holds whatever its previous user left).
-trait Tensor: Clone + Send + Sync + 'static {
-    fn read<'c>(&self, ctx: &'c OpCtx) -> Result<impl Deref<Target = [f32]> + 'c, Error>;
-    fn write<'c>(&self, ctx: &'c OpCtx) -> Result<impl DerefMut<Target = [f32]> + 'c, Error>;
-}
-
-/// A variable's `Vec<f32>` guard, seen as a slice.
-struct Slice<G>(G);
-
-impl<G: Deref<Target = Vec<f32>>> Deref for Slice<G> {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        &self.0
-    }
-}
-
-impl<G: DerefMut<Target = Vec<f32>>> DerefMut for Slice<G> {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.0
-    }
-}
-
-impl Tensor for Tsr {
-    fn read<'c>(&self, ctx: &'c OpCtx) -> Result<impl Deref<Target = [f32]> + 'c, Error> {
-        ctx.read(self).map(Slice)
-    }
-    fn write<'c>(&self, ctx: &'c OpCtx) -> Result<impl DerefMut<Target = [f32]> + 'c, Error> {
-        ctx.write(self).map(Slice)
-    }
-}
-
-/// Where a training step's ops go. Bodies are `Fn`: a recorded graph runs
-/// them once per replay.
-trait Sink {
-    type T: Tensor;
-    /// A boundary tensor: a variable that lives across steps (a parameter,
-    /// the batch, the loss sum).
-    fn var(&mut self, var: &Tsr) -> Self::T;
-    /// A new intermediate of `len` f32s, alive within one step.
-    fn tensor(&mut self, name: &'static str, len: usize) -> Self::T;
-    /// An op reading `reads` and writing `mutates`.
-    fn op<F>(
-        &mut self,
-        name: &'static str,
-        reads: &[&Self::T],
-        mutates: &[&Self::T],
-        body: F,
-    ) -> Res
-    where
-        F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static;
-}
-
 type Res<T = ()> = Result<T, Error>;
 
-/// The dynamic path: each op pushed as it comes, each intermediate a new
-/// variable (allocated here, freed once its last op is done). Counts the
-/// intermediates' bytes.
-struct Dynamic<'e>(&'e Engine, usize);
+// ---- One training step, written once for both paths.
 
-impl Sink for Dynamic<'_> {
-    type T = Tsr;
-    fn var(&mut self, var: &Tsr) -> Tsr {
-        var.clone()
+/// The parameters, the batch and the loss sum: the graph's boundary. Every
+/// tensor is a buffer of f32s; the loss sum is a plain variable.
+struct Model {
+    w: Vec<Buffer<f32>>,
+    b: Vec<Buffer<f32>>,
+    x: Buffer<f32>,
+    y: Buffer<f32>,
+    /// The sum of the batches' mean losses since it was last taken.
+    loss: Var<f32>,
+}
+
+// The names of layer k's ops and intermediates: static, so that naming an op
+// costs the pushed path no allocation.
+const FWD: [&str; LAYERS] = ["fwd 1", "fwd 2", "fwd 3"];
+const A: [&str; LAYERS] = ["a1", "a2", "a3"];
+const DX: [&str; LAYERS] = ["dx 1", "dx 2", "dx 3"];
+const DZ: [&str; LAYERS] = ["dz1", "dz2", "dz3"];
+const DW: [&str; LAYERS] = ["dW1", "dW2", "dW3"];
+const DB: [&str; LAYERS] = ["db1", "db2", "db3"];
+const SGD_W: [&str; LAYERS] = ["sgd W1", "sgd W2", "sgd W3"];
+const SGD_B: [&str; LAYERS] = ["sgd b1", "sgd b2", "sgd b3"];
+
+/// One step, pushed to an engine or recorded: forward, loss, backward and
+/// SGD, on the batch in `m.x`/`m.y`. Per layer k: `a_k = relu(in_k W_k +
+/// b_k)` (no ReLU on the logits); `dz_k` is the loss's gradient at layer
+/// k's pre-activation. Bodies overwrite every element they write (a planned
+/// buffer holds whatever its previous user left).
+fn train_step(ops: &impl Ops, m: &Model) -> Res {
+    let mut a: Vec<Buffer<f32>> = Vec::with_capacity(LAYERS);
+    for k in 0..LAYERS {
+        let input = if k == 0 { &m.x } else { &a[k - 1] };
+        let out = ops.buffer_named(A[k], BATCH * DIMS[k + 1]);
+        let relu = k + 1 < LAYERS;
+        ops.op()
+            .name(FWD[k])
+            .with((read(input), read(&m.w[k]), read(&m.b[k]), write(&out)))
+            .run(move |(i, w, b, o)| {
+                linear(i, w, b, o, relu);
+                Ok(())
+            })?;
+        a.push(out);
     }
-    fn tensor(&mut self, _name: &'static str, len: usize) -> Tsr {
-        self.1 += len * size_of::<f32>();
-        self.0.var(vec![0.0; len])
-    }
-    fn op<F>(&mut self, name: &'static str, reads: &[&Tsr], mutates: &[&Tsr], body: F) -> Res
-    where
-        F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
-    {
-        let mut op = self.0.op().name(name);
-        // Declarations add up over calls: no list to build.
-        for &var in reads {
-            op = op.reads(&[var as &dyn AnyVar]);
+    let mut dz = ops.buffer_named(DZ[LAYERS - 1], BATCH * DIMS[LAYERS]);
+    ops.op()
+        .name("loss")
+        .with((read(&a[LAYERS - 1]), read(&m.y), write(&dz), write(&m.loss)))
+        .run(|(z, y, g, loss)| {
+            *loss += softmax_xent(z, y, g);
+            Ok(())
+        })?;
+    for k in (0..LAYERS).rev() {
+        let input = if k == 0 { &m.x } else { &a[k - 1] };
+        // The input's gradient first: it reads W_k, which SGD then replaces.
+        let next = if k > 0 {
+            let dx = ops.buffer_named(DZ[k - 1], BATCH * DIMS[k]);
+            ops.op()
+                .name(DX[k])
+                .with((read(&dz), read(&m.w[k]), read(input), write(&dx)))
+                .run(|(g, w, act, dx)| {
+                    grad_x(g, w, act, dx);
+                    Ok(())
+                })?;
+            Some(dx)
+        } else {
+            None
+        };
+        let dw = ops.buffer_named(DW[k], DIMS[k] * DIMS[k + 1]);
+        ops.op()
+            .name(DW[k])
+            .with((read(input), read(&dz), write(&dw)))
+            .run(|(i, g, dw)| {
+                grad_w(i, g, dw);
+                Ok(())
+            })?;
+        sgd_op(ops, SGD_W[k], &dw, &m.w[k])?;
+        let db = ops.buffer_named(DB[k], DIMS[k + 1]);
+        ops.op()
+            .name(DB[k])
+            .with((read(&dz), write(&db)))
+            .run(|(g, db)| {
+                grad_b(g, db);
+                Ok(())
+            })?;
+        sgd_op(ops, SGD_B[k], &db, &m.b[k])?;
+        if let Some(next) = next {
+            dz = next;
         }
-        for &var in mutates {
-            op = op.mutates(&[var as &dyn AnyVar]);
-        }
-        op.run(body).map(drop) // failures show in `wait_all` (and as poison)
     }
+    Ok(())
+}
+
+fn sgd_op(ops: &impl Ops, name: &'static str, grad: &Buffer<f32>, param: &Buffer<f32>) -> Res {
+    ops.op()
+        .name(name)
+        .with((read(grad), write(param)))
+        .run(|(g, p)| {
+            sgd(p, g);
+            Ok(())
+        })?;
+    Ok(())
 }
 
 // ---- The recorded path: the same step recorded once, replayed per batch.
 
-/// A recorded step's tensor: a boundary variable, or a planned buffer.
-#[derive(Clone)]
-enum Planned {
-    Var(Tsr),
-    Buf(Buffer<f32>),
-}
-
-impl Planned {
-    fn any(&self) -> &dyn AnyVar {
-        match self {
-            Planned::Var(v) => v,
-            Planned::Buf(b) => b,
-        }
-    }
-}
-
-/// A read guard of either kind, seen as a slice.
-enum Shared<'c> {
-    Var(Slice<VarRef<'c, Vec<f32>>>),
-    Buf(VarRef<'c, [f32]>),
-}
-
-impl Deref for Shared<'_> {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        match self {
-            Shared::Var(g) => g,
-            Shared::Buf(g) => g,
-        }
-    }
-}
-
-/// A write guard of either kind, seen as a slice.
-enum Unique<'c> {
-    Var(Slice<VarMut<'c, Vec<f32>>>),
-    Buf(VarMut<'c, [f32]>),
-}
-
-impl Deref for Unique<'_> {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        match self {
-            Unique::Var(g) => g,
-            Unique::Buf(g) => g,
-        }
-    }
-}
-
-impl DerefMut for Unique<'_> {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        match self {
-            Unique::Var(g) => g,
-            Unique::Buf(g) => g,
-        }
-    }
-}
-
-impl Tensor for Planned {
-    fn read<'c>(&self, ctx: &'c OpCtx) -> Result<impl Deref<Target = [f32]> + 'c, Error> {
-        Ok(match self {
-            Planned::Var(v) => Shared::Var(Slice(ctx.read(v)?)),
-            Planned::Buf(b) => Shared::Buf(ctx.buffer(b)?),
-        })
-    }
-    fn write<'c>(&self, ctx: &'c OpCtx) -> Result<impl DerefMut<Target = [f32]> + 'c, Error> {
-        Ok(match self {
-            Planned::Var(v) => Unique::Var(Slice(ctx.write(v)?)),
-            Planned::Buf(b) => Unique::Buf(ctx.buffer_mut(b)?),
-        })
-    }
-}
-
-/// The recording path: ops recorded, intermediates planned buffers.
-struct Recording<'r, 'e>(&'r mut Recorder<'e>);
-
-impl Sink for Recording<'_, '_> {
-    type T = Planned;
-    fn var(&mut self, var: &Tsr) -> Planned {
-        Planned::Var(var.clone())
-    }
-    fn tensor(&mut self, name: &'static str, len: usize) -> Planned {
-        Planned::Buf(self.0.buffer_named(name, len))
-    }
-    fn op<F>(
-        &mut self,
-        name: &'static str,
-        reads: &[&Planned],
-        mutates: &[&Planned],
-        body: F,
-    ) -> Res
-    where
-        F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
-    {
-        let reads: Vec<&dyn AnyVar> = reads.iter().map(|t| t.any()).collect();
-        let mutates: Vec<&dyn AnyVar> = mutates.iter().map(|t| t.any()).collect();
-        self.0
-            .op()
-            .name(name)
-            .reads(&reads)
-            .mutates(&mutates)
-            .run(body)
-    }
-}
-
-/// A recorded training step, replayed once per batch.
-struct Recorded<'a> {
-    /// Replays the step (on the batch the load op before it wrote).
-    replay: Box<dyn FnMut() -> Res + 'a>,
-    /// The plan's arena in bytes: the intermediates' peak with the plan.
-    arena_bytes: usize,
-}
-
-/// Records `train_step(&mut sink, model)` once (its intermediates the
-/// graph's planned buffers), writes the graph's DOT to `dot` (and an SVG
-/// beside it when Graphviz is installed), and returns the replay.
-fn recorded(
-    engine: &Engine,
-    model: &Model,
-    order: Order,
-    dot: Option<&Path>,
-) -> Res<Recorded<'static>> {
+/// Records `train_step` once (its intermediates the graph's planned
+/// buffers), and writes the graph's DOT to `dot` (and an SVG beside it when
+/// Graphviz is installed).
+fn recorded(engine: &Engine, model: &Model, order: Order, dot: Option<&Path>) -> Res<Graph> {
     let graph = engine.record(|rec| {
         rec.name("training step").order(order);
-        train_step(&mut Recording(rec), model)
+        train_step(rec, model)
     })?;
     let plan = graph.plan();
     println!(
@@ -299,109 +195,7 @@ fn recorded(
             ),
         }
     }
-    Ok(Recorded {
-        arena_bytes: plan.arena_bytes,
-        // Not waited for: the next load op queues behind the replay on `x`,
-        // and failures show in `wait_all`.
-        replay: Box::new(move || {
-            drop(graph.replay());
-            Ok(())
-        }),
-    })
-}
-
-// ---- One training step, written once for every sink.
-
-/// The parameters, the batch and the loss sum: the graph's boundary.
-struct Model {
-    w: Vec<Tsr>,
-    b: Vec<Tsr>,
-    x: Tsr,
-    y: Tsr,
-    /// The sum of the batches' mean losses since it was last taken.
-    loss: Tsr,
-}
-
-// The names of layer k's ops and intermediates: static, so that naming costs
-// the dynamic path no allocation.
-const FWD: [&str; LAYERS] = ["fwd 1", "fwd 2", "fwd 3"];
-const A: [&str; LAYERS] = ["a1", "a2", "a3"];
-const DX: [&str; LAYERS] = ["dx 1", "dx 2", "dx 3"];
-const DZ: [&str; LAYERS] = ["dz1", "dz2", "dz3"];
-const DW: [&str; LAYERS] = ["dW1", "dW2", "dW3"];
-const DB: [&str; LAYERS] = ["db1", "db2", "db3"];
-const SGD_W: [&str; LAYERS] = ["sgd W1", "sgd W2", "sgd W3"];
-const SGD_B: [&str; LAYERS] = ["sgd b1", "sgd b2", "sgd b3"];
-
-/// Pushes one step: forward, loss, backward and SGD, on the batch in
-/// `m.x`/`m.y`. Per layer k: `a_k = relu(in_k W_k + b_k)` (no ReLU on the
-/// logits); `dz_k` is the loss's gradient at layer k's pre-activation.
-fn train_step<S: Sink>(s: &mut S, m: &Model) -> Res {
-    let (x, y, loss) = (s.var(&m.x), s.var(&m.y), s.var(&m.loss));
-    let w: Vec<S::T> = m.w.iter().map(|v| s.var(v)).collect();
-    let b: Vec<S::T> = m.b.iter().map(|v| s.var(v)).collect();
-    let mut a: Vec<S::T> = Vec::with_capacity(LAYERS);
-    for k in 0..LAYERS {
-        let input = if k == 0 { &x } else { &a[k - 1] };
-        let out = s.tensor(A[k], BATCH * DIMS[k + 1]);
-        let (i, wk, bk, o) = (input.clone(), w[k].clone(), b[k].clone(), out.clone());
-        let relu = k + 1 < LAYERS;
-        s.op(FWD[k], &[input, &w[k], &b[k]], &[&out], move |ctx| {
-            let (i, wk, bk) = (i.read(ctx)?, wk.read(ctx)?, bk.read(ctx)?);
-            linear(&i, &wk, &bk, &mut o.write(ctx)?, relu);
-            Ok(())
-        })?;
-        a.push(out);
-    }
-    let mut dz = s.tensor(DZ[LAYERS - 1], BATCH * DIMS[LAYERS]);
-    let (z, yy, g, l) = (a[LAYERS - 1].clone(), y.clone(), dz.clone(), loss.clone());
-    s.op("loss", &[&a[LAYERS - 1], &y], &[&dz, &loss], move |ctx| {
-        let batch_loss = softmax_xent(&z.read(ctx)?, &yy.read(ctx)?, &mut g.write(ctx)?);
-        l.write(ctx)?[0] += batch_loss;
-        Ok(())
-    })?;
-    for k in (0..LAYERS).rev() {
-        let input = if k == 0 { &x } else { &a[k - 1] };
-        // The input's gradient first: it reads W_k, which SGD then replaces.
-        let next = if k > 0 {
-            let dx = s.tensor(DZ[k - 1], BATCH * DIMS[k]);
-            let (g, wk, act, d) = (dz.clone(), w[k].clone(), input.clone(), dx.clone());
-            s.op(DX[k], &[&dz, &w[k], input], &[&dx], move |ctx| {
-                let (g, wk, act) = (g.read(ctx)?, wk.read(ctx)?, act.read(ctx)?);
-                grad_x(&g, &wk, &act, &mut d.write(ctx)?);
-                Ok(())
-            })?;
-            Some(dx)
-        } else {
-            None
-        };
-        let dw = s.tensor(DW[k], DIMS[k] * DIMS[k + 1]);
-        let (i, g, d) = (input.clone(), dz.clone(), dw.clone());
-        s.op(DW[k], &[input, &dz], &[&dw], move |ctx| {
-            grad_w(&i.read(ctx)?, &g.read(ctx)?, &mut d.write(ctx)?);
-            Ok(())
-        })?;
-        sgd_op(s, SGD_W[k], &dw, &w[k])?;
-        let db = s.tensor(DB[k], DIMS[k + 1]);
-        let (g, d) = (dz.clone(), db.clone());
-        s.op(DB[k], &[&dz], &[&db], move |ctx| {
-            grad_b(&g.read(ctx)?, &mut d.write(ctx)?);
-            Ok(())
-        })?;
-        sgd_op(s, SGD_B[k], &db, &b[k])?;
-        if let Some(next) = next {
-            dz = next;
-        }
-    }
-    Ok(())
-}
-
-fn sgd_op<S: Sink>(s: &mut S, name: &'static str, grad: &S::T, param: &S::T) -> Res {
-    let (g, p) = (grad.clone(), param.clone());
-    s.op(name, &[grad], &[param], move |ctx| {
-        sgd(&mut p.write(ctx)?, &g.read(ctx)?);
-        Ok(())
-    })
+    Ok(graph)
 }
 
 // ---- The math: plain loops on row-major slices, shared by the op bodies
@@ -602,25 +396,35 @@ fn reference_epoch(mut p: Params, data: &Data) -> Params {
 // ---- Training, on either path.
 
 impl Model {
-    fn new(engine: &Engine, p: &Params) -> Self {
-        let vars = |vs: &[Vec<f32>], prefix: &str| {
-            let named = |(k, v): (usize, &Vec<f32>)| {
-                engine.var_named(format!("{prefix}{}", k + 1), v.clone())
+    fn new(engine: &Engine, p: &Params) -> Res<Self> {
+        let tensors = |vs: &[Vec<f32>], prefix: &str| {
+            let tensor = |(k, v): (usize, &Vec<f32>)| {
+                let t = engine.buffer_named(format!("{prefix}{}", k + 1), v.len());
+                let v = v.clone();
+                engine.op().name("init").with(write(&t)).run(move |t| {
+                    t.copy_from_slice(&v);
+                    Ok(())
+                })?;
+                Ok(t)
             };
-            vs.iter().enumerate().map(named).collect()
+            vs.iter().enumerate().map(tensor).collect::<Res<Vec<_>>>()
         };
-        Model {
-            w: vars(&p.w, "W"),
-            b: vars(&p.b, "b"),
-            x: engine.var_named("x", vec![0.0; BATCH * DIMS[0]]),
-            y: engine.var_named("y", vec![0.0; BATCH]),
-            loss: engine.var_named("loss", vec![0.0]),
-        }
+        Ok(Model {
+            w: tensors(&p.w, "W")?,
+            b: tensors(&p.b, "b")?,
+            x: engine.buffer_named("x", BATCH * DIMS[0]),
+            y: engine.buffer_named("y", BATCH),
+            loss: engine.var_named("loss", 0.0),
+        })
     }
 
     /// The parameters, once every op pushed so far has written them.
     fn params(&self, engine: &Engine) -> Res<Params> {
-        let get = |vs: &[Tsr]| vs.iter().map(|v| engine.get(v).wait()).collect::<Res<_>>();
+        let get = |ts: &[Buffer<f32>]| {
+            let values =
+                |t: &Buffer<f32>| engine.op().with(read(t)).run(|t| Ok(t.to_vec()))?.wait();
+            ts.iter().map(values).collect::<Res<_>>()
+        };
         Ok(Params {
             w: get(&self.w)?,
             b: get(&self.b)?,
@@ -629,10 +433,8 @@ impl Model {
 
     /// The sum of the losses since the last call.
     fn take_loss(&self, engine: &Engine) -> Res<f32> {
-        let l = self.loss.key();
-        let op = engine.op().name("take loss").mutates(&[&self.loss]);
-        op.run(move |ctx| Ok(std::mem::take(&mut ctx.write(l)?[0])))?
-            .wait()
+        let op = engine.op().name("take loss").with(write(&self.loss));
+        op.run(|loss| Ok(std::mem::take(loss)))?.wait()
     }
 }
 
@@ -651,10 +453,13 @@ fn train(
         let order = Arc::new(data.order(epoch - 1));
         let start = Instant::now();
         for batch in 0..data.batches() {
-            let (d, o, x, y) = (data.clone(), order.clone(), m.x.key(), m.y.key());
-            let load = engine.op().name("load batch").mutates(&[&m.x, &m.y]);
-            load.run(move |ctx| {
-                d.load_batch(&o, batch, &mut ctx.write(x)?, &mut ctx.write(y)?);
+            let (d, o) = (data.clone(), order.clone());
+            let load = engine
+                .op()
+                .name("load batch")
+                .with((write(&m.x), write(&m.y)));
+            load.run(move |(x, y)| {
+                d.load_batch(&o, batch, x, y);
                 Ok(())
             })?;
             step()?;
@@ -713,29 +518,33 @@ fn run() -> Result<(), BoxError> {
     let engine = Engine::new();
     let context = (&engine, &data, &reference);
 
-    let model = Model::new(&engine, &init);
-    let mut unplanned = 0;
+    // The step pushed op by op: `train_step` given the engine.
+    let model = Model::new(&engine, &init)?;
     let dynamic = train(context, &model, epochs, "dynamic", &mut || {
-        let mut sink = Dynamic(&engine, 0);
-        train_step(&mut sink, &model)?;
-        unplanned = sink.1;
-        Ok(())
+        train_step(&engine, &model)
     })?;
 
-    // The same training replayed from one recording, from the same start.
-    let model = Model::new(&engine, &init);
+    // The same step recorded once (`train_step` given the recorder) and
+    // replayed, from the same start.
+    let model = Model::new(&engine, &init)?;
     // In parallel order two buffers share memory only if every use of one
     // comes before every use of the other in the DAG: here the weight
     // gradients may run any time after their layer's backward step, so
     // little is shared. The recorded order (one op at a time) shares more.
-    let parallel = recorded(&engine, &model, Order::Parallel, None)?.arena_bytes;
-    let mut rec = recorded(&engine, &model, Order::Sequential, dot.as_deref())?;
-    let replay = train(context, &model, epochs, "replay", &mut rec.replay)?;
-    let planned = rec.arena_bytes;
+    let parallel = recorded(&engine, &model, Order::Parallel, None)?;
+    let graph = recorded(&engine, &model, Order::Sequential, dot.as_deref())?;
+    let replay = train(context, &model, epochs, "replay", &mut || {
+        // Not waited for: the next load op queues behind the replay on `x`,
+        // and failures show in `wait_all`.
+        drop(graph.replay());
+        Ok(())
+    })?;
 
     let us = |t: Duration| format!("{:.1} us", t.as_secs_f64() * 1e6);
     println!("time per iteration, dynamic: {}", us(dynamic));
     println!("time per iteration, replay:  {}", us(replay));
+    // The pushed path holds every intermediate in a buffer of its own.
+    let unplanned = graph.plan().total_bytes;
     println!("intermediates' memory, no plan: {unplanned} bytes (a buffer each)");
     let less = |b: usize| {
         format!(
@@ -745,11 +554,11 @@ fn run() -> Result<(), BoxError> {
     };
     println!(
         "intermediates' memory, planned (parallel order): {}",
-        less(parallel)
+        less(parallel.plan().arena_bytes)
     );
     println!(
         "intermediates' memory, planned (sequential order): {}",
-        less(planned)
+        less(graph.plan().arena_bytes)
     );
     Ok(())
 }
