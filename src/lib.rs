@@ -44,7 +44,14 @@
 //! which may await while holding its variables. Both return an [`OpHandle`]:
 //! a future of the op's result, with a blocking [`OpHandle::wait`]. Dropping a
 //! handle never cancels the op. [`Engine::op`] adds a name, a priority and a
-//! device.
+//! device, and typed access ([`OpBuilder::with`], [`read()`], [`write()`]): the
+//! body gets the declared values themselves.
+//!
+//! [`Engine::record`] records ops once into a [`Graph`], whose replays cost
+//! a fraction of the pushes, with its intermediates in planned memory
+//! ([`Recorder::buffer`]). A function written against [`Ops`], which both
+//! [`Engine`] and [`Recorder`] implement, declares a step once and runs it
+//! either way.
 //!
 //! # Waiting, deleting
 //!
