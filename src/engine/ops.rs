@@ -118,6 +118,10 @@ pub trait Ops: sealed::Sealed {
 /// [`OpBuilder`](crate::OpBuilder), and a body that may run many times
 /// (`Fn`: once per replay when recorded). On a recorder it is
 /// [`RecordOp`](crate::RecordOp).
+///
+/// Bodies are synchronous: a recording cannot replay an async body, so an
+/// op that awaits is pushed with [`OpBuilder::run_async`], and waiting for
+/// room under the engine's bound is [`OpBuilder::when_room`]'s.
 #[must_use = "an OpDecl does nothing until `run`"]
 pub struct OpDecl<'a, O: Ops + ?Sized> {
     target: &'a O,
