@@ -199,7 +199,10 @@ impl fmt::Debug for OpFailure {
 /// // Reads `a`, which "load" poisoned: does not run.
 /// let skipped = engine.push(&[&a], &[&b], |_| Ok(()))?.wait();
 /// match skipped {
-///     Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+///     Err(Error::Poisoned { input, cause }) => {
+///         assert_eq!(input, a.id()); // the input that carried the poison
+///         assert_eq!(cause.op_name(), Some("load"));
+///     }
 ///     other => panic!("{other:?}"),
 /// }
 /// # let _ = engine.wait_all().wait();
@@ -211,9 +214,19 @@ pub enum Error {
     /// The op ran and returned an error or panicked (or its executor dropped
     /// it). The variables it mutates are now poisoned by this failure.
     Failed(Arc<OpFailure>),
-    /// The op did not run: a variable it touches was poisoned by this earlier
-    /// failure. The variables it mutates are poisoned by the same failure.
-    Poisoned(Arc<OpFailure>),
+    /// The op did not run: a variable it touches (`input`) was poisoned by an
+    /// earlier failure (`cause`). The variables it mutates are poisoned by
+    /// the same failure.
+    Poisoned {
+        /// The variable whose poison made the op skip: the first poisoned
+        /// one the op's check of its inputs met (those it mutates come
+        /// first, then those it reads, each in the order declared). For an
+        /// op on a stream device whose work ran behind failed device work,
+        /// the variable that failed work wrote.
+        input: VarId,
+        /// The original failure.
+        cause: Arc<OpFailure>,
+    },
     /// The variable has been deleted with [`Engine::delete_var`](crate::Engine::delete_var).
     Deleted(VarId),
     /// The variable was created by another engine.
@@ -317,7 +330,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Failed(failure) => write!(f, "{failure}"),
-            Error::Poisoned(cause) => write!(f, "skipped: an input was poisoned because {cause}"),
+            Error::Poisoned { input, cause } => {
+                write!(f, "skipped: input {input} was poisoned because {cause}")
+            }
             Error::Deleted(var) => write!(f, "{var} has been deleted"),
             Error::ForeignVar(var) => write!(f, "{var} belongs to another engine"),
             Error::ShutDown => f.write_str("the engine is shut down"),
@@ -408,7 +423,7 @@ impl Error {
     /// [`Poisoned`](Error::Poisoned) and [`Failures`](Error::Failures).
     pub fn failure(&self) -> Option<&Arc<OpFailure>> {
         match self {
-            Error::Failed(f) | Error::Poisoned(f) => Some(f),
+            Error::Failed(f) | Error::Poisoned { cause: f, .. } => Some(f),
             Error::Failures { first, .. } => Some(first),
             _ => None,
         }

@@ -314,7 +314,7 @@ fn large_all_reduces(engine: &Engine, comm: &Communicator) {
         .unwrap()
         .wait_timeout(limit);
     if rank == last {
-        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+        assert!(matches!(r, Err(Error::Poisoned { .. })), "{r:?}");
     } else {
         let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
         assert!(
@@ -350,7 +350,7 @@ fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
 fn assert_poisoned(engine: &Engine, v: &dyn AnyVar) {
     let after = engine.push(&[v], &[], |_| Ok(())).unwrap().wait();
     assert!(
-        matches!(after, Err(Error::Poisoned(_))),
+        matches!(after, Err(Error::Poisoned { .. })),
         "not poisoned: {after:?}"
     );
 }
@@ -402,7 +402,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
         .unwrap();
     let r = comm.all_reduce(&p).push().unwrap().wait();
     match &r {
-        Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+        Err(Error::Poisoned { cause, .. }) => assert_eq!(cause.op_name(), Some("load")),
         other => panic!("{other:?}"),
     }
 
@@ -464,7 +464,7 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
         .wait_timeout(limit);
     if rank == last {
         assert!(
-            matches!(&r, Err(Error::Poisoned(c)) if c.op_name() == Some("load")),
+            matches!(&r, Err(Error::Poisoned { cause: c, .. }) if c.op_name() == Some("load")),
             "{r:?}"
         );
     } else {
@@ -514,7 +514,7 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
         let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
         assert!(m.contains("rank 0 failed its part"), "{m}");
     } else {
-        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+        assert!(matches!(r, Err(Error::Poisoned { .. })), "{r:?}");
     }
 
     // Several in flight, one of them skipped on one rank: only that one

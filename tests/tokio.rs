@@ -327,7 +327,7 @@ fn an_op_awaiting_a_timer_of_a_runtime_that_shuts_down_fails_instead_of_hanging(
         // Its output is poisoned by that failure, and the engine drops.
         assert!(matches!(
             engine.wait_for_var(&v).wait(),
-            Err(Error::Poisoned(_))
+            Err(Error::Poisoned { .. })
         ));
     });
 }

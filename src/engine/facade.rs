@@ -473,7 +473,7 @@ impl Engine {
     /// let v = engine.var(0);
     /// let failing = engine.push(&[], &[&v], |_| Err::<(), _>("bad batch".into()))?;
     /// assert!(failing.wait().is_err());
-    /// assert!(matches!(engine.wait_for_var(&v).wait(), Err(Error::Poisoned(_))));
+    /// assert!(matches!(engine.wait_for_var(&v).wait(), Err(Error::Poisoned { .. })));
     /// engine.clear_poison(&v)?;
     /// engine.wait_for_var(&v).wait()?; // live again
     /// # let _ = engine.wait_all().wait();
