@@ -152,28 +152,33 @@ impl OpFailure {
     }
 }
 
-/// Names the op and, unless the op returned an error (which is then the
-/// [`source`](std::error::Error::source), printed by whoever walks the chain),
-/// what went wrong: each message is printed once by a chain printer such as
-/// `anyhow`'s `{:#}`.
+/// ``op `name` failed: <message>`` (``unnamed op failed: <message>``),
+/// whatever went wrong: the [`message`](OpFailure::message) is the op's
+/// error's own, for an op that returned one, so the plain text says what
+/// failed as for a panic. That error's sources are not printed: they are
+/// this failure's [`source`](std::error::Error::source) chain.
 impl fmt::Display for OpFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.op {
-            Some(name) => write!(f, "op `{name}` failed")?,
-            None => f.write_str("unnamed op failed")?,
+            Some(name) => write!(f, "op `{name}` failed: ")?,
+            None => f.write_str("unnamed op failed: ")?,
         }
-        match self.kind {
-            FailureKind::Error(_) => Ok(()),
-            _ => write!(f, ": {}", self.message()),
+        match &self.kind {
+            // Written straight from the error: no string built.
+            FailureKind::Error(e) => write!(f, "{e}"),
+            _ => f.write_str(&self.message()),
         }
     }
 }
 
-/// The source is the error the op returned, if it returned one.
+/// The source is the source of the error the op returned (if it returned
+/// one, and that error has a source), not that error itself: its message is
+/// already in this failure's `Display`, and a chain printer (`anyhow`'s
+/// `{:#}`, a loop over `source()`) would print it twice. Reach the op's
+/// error itself, to downcast it, with [`op_error`](OpFailure::op_error).
 impl std::error::Error for OpFailure {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.op_error()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        self.op_error()?.source()
     }
 }
 
@@ -385,15 +390,31 @@ impl fmt::Display for Error {
     }
 }
 
-/// The source is the error the failing op returned, for
-/// [`Failed`](Error::Failed), [`Poisoned`](Error::Poisoned) and
-/// [`Failures`](Error::Failures) (the same as [`OpFailure`]'s), and the
-/// system's error for [`Io`](Error::Io): `Display`
-/// leaves its message to the chain, as the ecosystem's convention asks, so a
-/// chain printer shows each message once.
+/// For [`Failed`](Error::Failed), [`Poisoned`](Error::Poisoned) and
+/// [`Failures`](Error::Failures), `Display` says what the failing op's own
+/// error said (see [`OpFailure`]'s), and the source is the same as
+/// [`OpFailure`]'s: the source of that error, not the error itself (whose
+/// message is printed already), so a chain printer shows each message once
+/// and goes on to the deeper causes. [`OpFailure::op_error`] (through
+/// [`failure`](Error::failure)) gives the op's error itself, to downcast.
+/// For [`Io`](Error::Io), the source is the system's error, whose message
+/// `Display` leaves to the chain.
 ///
 /// ```
 /// use depflow::{Engine, Error};
+///
+/// #[derive(Debug)]
+/// struct Corrupt(std::io::Error);
+/// impl std::fmt::Display for Corrupt {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("corrupt input") // its cause is its source
+///     }
+/// }
+/// impl std::error::Error for Corrupt {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
 ///
 /// let engine = Engine::new();
 /// let v = engine.new_var();
@@ -401,11 +422,17 @@ impl fmt::Display for Error {
 ///     .op()
 ///     .name("decode")
 ///     .mutates(&[&v])
-///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file").into()))?
+///     .run(|_| Err::<(), _>(Corrupt(std::io::Error::other("truncated file")).into()))?
 ///     .wait()
 ///     .unwrap_err();
-/// assert_eq!(err.to_string(), "op `decode` failed");
-/// assert_eq!(std::error::Error::source(&err).unwrap().to_string(), "truncated file");
+/// assert_eq!(err.to_string(), "op `decode` failed: corrupt input");
+/// // The chain goes on to the op's error's cause.
+/// let source = std::error::Error::source(&err).unwrap();
+/// assert_eq!(source.to_string(), "truncated file");
+/// assert!(source.source().is_none());
+/// // The op's error itself, to downcast.
+/// let op_error = err.failure().unwrap().op_error().unwrap();
+/// assert!(op_error.downcast_ref::<Corrupt>().is_some());
 /// # let _ = engine.wait_all().wait();
 /// # Ok::<(), Error>(())
 /// ```

@@ -161,12 +161,10 @@ fn a_failing_op_poisons_what_it_mutates_and_names_itself() {
         };
         assert_eq!(failure.op_name(), Some("load weights"));
         assert_eq!(failure.message(), "disk on fire");
-        // The op's own error is the source, printed once by a chain printer.
-        assert_eq!(err.to_string(), "op `load weights` failed");
-        assert_eq!(
-            std::error::Error::source(&err).unwrap().to_string(),
-            "disk on fire"
-        );
+        // The op's own error's message is in the plain text; it has no
+        // source, so neither has the failure (nothing printed twice).
+        assert_eq!(err.to_string(), "op `load weights` failed: disk on fire");
+        assert!(std::error::Error::source(&err).is_none());
         assert!(
             failure
                 .op_error()
@@ -619,12 +617,12 @@ fn a_skipped_op_names_the_poisoned_input() {
     assert_eq!(*input, grad.id());
     assert!(Arc::ptr_eq(cause, failure.failure().unwrap()));
     let text = skipped.to_string();
-    assert!(
-        text.starts_with(&format!(
-            "skipped: input {} was poisoned because op `backward fc1` failed",
+    assert_eq!(
+        text,
+        format!(
+            "skipped: input {} was poisoned because op `backward fc1` failed: NaN in gradient",
             grad.id()
-        )),
-        "{text}"
+        )
     );
     assert!(
         text.starts_with("skipped: input `fc1.grad` (var#"),
@@ -661,4 +659,99 @@ fn a_skipped_op_names_the_poisoned_input() {
         engine.clear_poison(&weights).unwrap().wait().unwrap();
     }
     let _ = engine.wait_all().wait();
+}
+
+/// An error with a message of its own and, optionally, a cause.
+#[derive(Debug)]
+struct Layer(
+    &'static str,
+    Option<Box<dyn std::error::Error + Send + Sync>>,
+);
+
+impl std::fmt::Display for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Layer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.1.as_deref().map(|e| e as _)
+    }
+}
+
+/// The plain text of an op's returned error says what the op said, as a
+/// panic's does; a chain printer then prints every message of its chain
+/// once: the failing op's own, then the deeper causes.
+#[test]
+fn an_op_error_is_in_the_plain_text_once_and_its_causes_in_the_chain() {
+    let engine = Engine::new();
+    let (shard, out) = (engine.var(0i64), engine.var(0i64));
+    let failed = engine
+        .op()
+        .name("load shard")
+        .mutates(&[&shard])
+        .run(|_| -> Result<(), depflow::BoxError> {
+            // An io::Error whose source chain goes two levels down.
+            let cause = Layer("disk on fire", Some(Box::new(Layer("fan stopped", None))));
+            Err(
+                std::io::Error::other(Layer("could not read the shard", Some(Box::new(cause))))
+                    .into(),
+            )
+        })
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert_eq!(
+        failed.to_string(),
+        "op `load shard` failed: could not read the shard"
+    );
+    assert_eq!(
+        chain(&failed),
+        [
+            "op `load shard` failed: could not read the shard",
+            "disk on fire",
+            "fan stopped"
+        ]
+    );
+    // The op's error itself is still there, to downcast.
+    let failure = failed.failure().unwrap();
+    assert!(
+        failure
+            .op_error()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .is_some()
+    );
+    assert_eq!(chain(&**failure), chain(&failed));
+
+    let skipped = engine
+        .push(&[&shard], &[&out], |_| Ok::<_, depflow::BoxError>(()))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    let all = engine.wait_all().wait().unwrap_err();
+    for (err, head) in [
+        (
+            &skipped,
+            format!(
+                "skipped: input {} was poisoned because op `load shard` failed: \
+                 could not read the shard",
+                shard.id()
+            ),
+        ),
+        (
+            &all,
+            "1 op(s) failed; the first: op `load shard` failed: could not read the shard"
+                .to_string(),
+        ),
+    ] {
+        assert_eq!(err.to_string(), head);
+        let levels = chain(err);
+        assert_eq!(levels, [head.as_str(), "disk on fire", "fan stopped"]);
+        let printed = levels.join(": ");
+        for message in ["could not read the shard", "disk on fire", "fan stopped"] {
+            assert_eq!(printed.matches(message).count(), 1, "{printed}");
+        }
+    }
 }

@@ -368,7 +368,9 @@ where
 fn collective_failure<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
     match r {
         Err(e @ Error::Failed(_)) => matches!(
-            std::error::Error::source(e).and_then(|s| s.downcast_ref::<Error>()),
+            e.failure()
+                .and_then(|f| f.op_error())
+                .and_then(|s| s.downcast_ref::<Error>()),
             Some(Error::Collective(_))
         ),
         _ => false,
@@ -425,7 +427,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
 /// The message of a collective's own failure (`Error::Collective`).
 fn collective_message<T: std::fmt::Debug>(r: &Result<T, Error>) -> Option<String> {
     match r {
-        Err(e @ Error::Failed(_)) => match std::error::Error::source(e)?.downcast_ref::<Error>() {
+        Err(e @ Error::Failed(_)) => match e.failure()?.op_error()?.downcast_ref::<Error>() {
             Some(Error::Collective(m)) => Some(m.clone()),
             _ => None,
         },
