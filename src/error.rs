@@ -143,7 +143,7 @@ impl OpFailure {
     pub fn message(&self) -> String {
         match &self.kind {
             FailureKind::Error(e) => e.to_string(),
-            FailureKind::Panic(msg) => format!("panicked: {msg}"),
+            FailureKind::Panic(msg) => format!("panicked: {msg}{}", runtime_hint(msg)),
             FailureKind::Dropped => "dropped by its executor before it finished".into(),
             FailureKind::InputDeleted(var) => format!("{var} was deleted before the op ran"),
             FailureKind::Device(message) => format!("device error: {message}"),
@@ -454,6 +454,28 @@ impl Error {
             Error::Failures { first, .. } => Some(first),
             _ => None,
         }
+    }
+}
+
+/// What tokio says when one of its timers, files or sockets, or a spawn, is
+/// used on a thread outside its runtime (tokio 1.x; its messages begin so).
+const NO_TOKIO_RUNTIME: [&str; 2] = [
+    "there is no reactor running",
+    "must be called from the context of a Tokio 1.x runtime",
+];
+
+/// For a panic's message that says an op needed a tokio runtime and ran
+/// outside one (an op awaiting a tokio timer on the default pool, say):
+/// the remedies of the README's "Async runtimes". Looked for when the
+/// failure's message is made, so only a panic that is printed pays.
+fn runtime_hint(panic: &str) -> &'static str {
+    if NO_TOKIO_RUNTIME.iter().any(|m| panic.contains(m)) {
+        " (hint: the op ran outside a tokio runtime: put it on a tokio device, \
+         `EngineBuilder::device(\"io\", Executor::tokio(handle))` (feature `tokio`) \
+         and the op's `.on(io)`, or enter the runtime on the pool's threads, \
+         `Executor::pool(n).on_thread_start(move || std::mem::forget(handle.enter()))`)"
+    } else {
+        ""
     }
 }
 
