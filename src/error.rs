@@ -143,7 +143,7 @@ impl OpFailure {
     pub fn message(&self) -> String {
         match &self.kind {
             FailureKind::Error(e) => e.to_string(),
-            FailureKind::Panic(msg) => format!("panicked: {msg}"),
+            FailureKind::Panic(msg) => format!("panicked: {msg}{}", runtime_hint(msg)),
             FailureKind::Dropped => "dropped by its executor before it finished".into(),
             FailureKind::InputDeleted(var) => format!("{var} was deleted before the op ran"),
             FailureKind::Device(message) => format!("device error: {message}"),
@@ -152,28 +152,33 @@ impl OpFailure {
     }
 }
 
-/// Names the op and, unless the op returned an error (which is then the
-/// [`source`](std::error::Error::source), printed by whoever walks the chain),
-/// what went wrong: each message is printed once by a chain printer such as
-/// `anyhow`'s `{:#}`.
+/// ``op `name` failed: <message>`` (``unnamed op failed: <message>``),
+/// whatever went wrong: the [`message`](OpFailure::message) is the op's
+/// error's own, for an op that returned one, so the plain text says what
+/// failed as for a panic. That error's sources are not printed: they are
+/// this failure's [`source`](std::error::Error::source) chain.
 impl fmt::Display for OpFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.op {
-            Some(name) => write!(f, "op `{name}` failed")?,
-            None => f.write_str("unnamed op failed")?,
+            Some(name) => write!(f, "op `{name}` failed: ")?,
+            None => f.write_str("unnamed op failed: ")?,
         }
-        match self.kind {
-            FailureKind::Error(_) => Ok(()),
-            _ => write!(f, ": {}", self.message()),
+        match &self.kind {
+            // Written straight from the error: no string built.
+            FailureKind::Error(e) => write!(f, "{e}"),
+            _ => f.write_str(&self.message()),
         }
     }
 }
 
-/// The source is the error the op returned, if it returned one.
+/// The source is the source of the error the op returned (if it returned
+/// one, and that error has a source), not that error itself: its message is
+/// already in this failure's `Display`, and a chain printer (`anyhow`'s
+/// `{:#}`, a loop over `source()`) would print it twice. Reach the op's
+/// error itself, to downcast it, with [`op_error`](OpFailure::op_error).
 impl std::error::Error for OpFailure {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.op_error()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        self.op_error()?.source()
     }
 }
 
@@ -199,7 +204,10 @@ impl fmt::Debug for OpFailure {
 /// // Reads `a`, which "load" poisoned: does not run.
 /// let skipped = engine.push(&[&a], &[&b], |_| Ok(()))?.wait();
 /// match skipped {
-///     Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+///     Err(Error::Poisoned { input, cause }) => {
+///         assert_eq!(input, a.id()); // the input that carried the poison
+///         assert_eq!(cause.op_name(), Some("load"));
+///     }
 ///     other => panic!("{other:?}"),
 /// }
 /// # let _ = engine.wait_all().wait();
@@ -211,9 +219,19 @@ pub enum Error {
     /// The op ran and returned an error or panicked (or its executor dropped
     /// it). The variables it mutates are now poisoned by this failure.
     Failed(Arc<OpFailure>),
-    /// The op did not run: a variable it touches was poisoned by this earlier
-    /// failure. The variables it mutates are poisoned by the same failure.
-    Poisoned(Arc<OpFailure>),
+    /// The op did not run: a variable it touches (`input`) was poisoned by an
+    /// earlier failure (`cause`). The variables it mutates are poisoned by
+    /// the same failure.
+    Poisoned {
+        /// The variable whose poison made the op skip: the first poisoned
+        /// one the op's check of its inputs met (those it mutates come
+        /// first, then those it reads, each in the order declared). For an
+        /// op on a stream device whose work ran behind failed device work,
+        /// the variable that failed work wrote.
+        input: VarId,
+        /// The original failure.
+        cause: Arc<OpFailure>,
+    },
     /// The variable has been deleted with [`Engine::delete_var`](crate::Engine::delete_var).
     Deleted(VarId),
     /// The variable was created by another engine.
@@ -322,7 +340,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Failed(failure) => write!(f, "{failure}"),
-            Error::Poisoned(cause) => write!(f, "skipped: an input was poisoned because {cause}"),
+            Error::Poisoned { input, cause } => {
+                write!(f, "skipped: input {input} was poisoned because {cause}")
+            }
             Error::Deleted(var) => write!(f, "{var} has been deleted"),
             Error::ForeignVar(var) => write!(f, "{var} belongs to another engine"),
             Error::ShutDown => f.write_str("the engine is shut down"),
@@ -376,15 +396,31 @@ impl fmt::Display for Error {
     }
 }
 
-/// The source is the error the failing op returned, for
-/// [`Failed`](Error::Failed), [`Poisoned`](Error::Poisoned) and
-/// [`Failures`](Error::Failures) (the same as [`OpFailure`]'s), and the
-/// system's error for [`Io`](Error::Io): `Display`
-/// leaves its message to the chain, as the ecosystem's convention asks, so a
-/// chain printer shows each message once.
+/// For [`Failed`](Error::Failed), [`Poisoned`](Error::Poisoned) and
+/// [`Failures`](Error::Failures), `Display` says what the failing op's own
+/// error said (see [`OpFailure`]'s), and the source is the same as
+/// [`OpFailure`]'s: the source of that error, not the error itself (whose
+/// message is printed already), so a chain printer shows each message once
+/// and goes on to the deeper causes. [`OpFailure::op_error`] (through
+/// [`failure`](Error::failure)) gives the op's error itself, to downcast.
+/// For [`Io`](Error::Io), the source is the system's error, whose message
+/// `Display` leaves to the chain.
 ///
 /// ```
 /// use depflow::{Engine, Error};
+///
+/// #[derive(Debug)]
+/// struct Corrupt(std::io::Error);
+/// impl std::fmt::Display for Corrupt {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("corrupt input") // its cause is its source
+///     }
+/// }
+/// impl std::error::Error for Corrupt {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
 ///
 /// let engine = Engine::new();
 /// let v = engine.new_var();
@@ -392,11 +428,17 @@ impl fmt::Display for Error {
 ///     .op()
 ///     .name("decode")
 ///     .mutates(&[&v])
-///     .run(|_| Err::<(), _>(std::io::Error::other("truncated file").into()))?
+///     .run(|_| Err::<(), _>(Corrupt(std::io::Error::other("truncated file")).into()))?
 ///     .wait()
 ///     .unwrap_err();
-/// assert_eq!(err.to_string(), "op `decode` failed");
-/// assert_eq!(std::error::Error::source(&err).unwrap().to_string(), "truncated file");
+/// assert_eq!(err.to_string(), "op `decode` failed: corrupt input");
+/// // The chain goes on to the op's error's cause.
+/// let source = std::error::Error::source(&err).unwrap();
+/// assert_eq!(source.to_string(), "truncated file");
+/// assert!(source.source().is_none());
+/// // The op's error itself, to downcast.
+/// let op_error = err.failure().unwrap().op_error().unwrap();
+/// assert!(op_error.downcast_ref::<Corrupt>().is_some());
 /// # let _ = engine.wait_all().wait();
 /// # Ok::<(), Error>(())
 /// ```
@@ -426,10 +468,32 @@ impl Error {
     /// [`Poisoned`](Error::Poisoned) and [`Failures`](Error::Failures).
     pub fn failure(&self) -> Option<&Arc<OpFailure>> {
         match self {
-            Error::Failed(f) | Error::Poisoned(f) => Some(f),
+            Error::Failed(f) | Error::Poisoned { cause: f, .. } => Some(f),
             Error::Failures { first, .. } => Some(first),
             _ => None,
         }
+    }
+}
+
+/// What tokio says when one of its timers, files or sockets, or a spawn, is
+/// used on a thread outside its runtime (tokio 1.x; its messages begin so).
+const NO_TOKIO_RUNTIME: [&str; 2] = [
+    "there is no reactor running",
+    "must be called from the context of a Tokio 1.x runtime",
+];
+
+/// For a panic's message that says an op needed a tokio runtime and ran
+/// outside one (an op awaiting a tokio timer on the default pool, say):
+/// the remedies of the README's "Async runtimes". Looked for when the
+/// failure's message is made, so only a panic that is printed pays.
+fn runtime_hint(panic: &str) -> &'static str {
+    if NO_TOKIO_RUNTIME.iter().any(|m| panic.contains(m)) {
+        " (hint: the op ran outside a tokio runtime: put it on a tokio device, \
+         `EngineBuilder::device(\"io\", Executor::tokio(handle))` (feature `tokio`) \
+         and the op's `.on(io)`, or enter the runtime on the pool's threads, \
+         `Executor::pool(n).on_thread_start(move || std::mem::forget(handle.enter()))`)"
+    } else {
+        ""
     }
 }
 

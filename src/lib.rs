@@ -65,8 +65,9 @@
 //!
 //! An op whose body returns an error or panics **poisons** the variables it
 //! mutates. Later ops touching a poisoned variable do not run: they resolve to
-//! [`Error::Poisoned`], which names the original failure ([`OpFailure`]: op
-//! name and message), and poison what they mutate in turn. The engine keeps
+//! [`Error::Poisoned`], which names the poisoned input and the original
+//! failure ([`OpFailure`]: op name and message), and poison what they mutate
+//! in turn. The engine keeps
 //! running. A variable stays poisoned until [`Engine::clear_poison`] (pushed
 //! like any op) clears it; [`Engine::wait_for_var`] reports the poison, and
 //! [`Engine::wait_all`] reports every failure once. Every pushed op's handle

@@ -354,7 +354,9 @@ fn to_outcome<T>(r: Result<T, Error>, ok: impl FnOnce(T) -> Outcome) -> Outcome 
     match r {
         Ok(v) => ok(v),
         Err(Error::Failed(f)) => Outcome::Failed(f.op_name().unwrap_or("?").to_string()),
-        Err(Error::Poisoned(f)) => Outcome::Poisoned(f.op_name().unwrap_or("?").to_string()),
+        Err(Error::Poisoned { cause: f, .. }) => {
+            Outcome::Poisoned(f.op_name().unwrap_or("?").to_string())
+        }
         Err(Error::Deleted(_)) => Outcome::Refused("deleted"),
         Err(e) => panic!("unexpected error {e}"),
     }
@@ -636,7 +638,9 @@ fn final_state(engine: &Engine, var: &Var<Mem>) -> State {
         Err(e) => panic!("{e}"),
         Ok(h) => match h.wait() {
             Ok(x) => State::Live(x),
-            Err(Error::Poisoned(f)) => State::Poisoned(f.op_name().unwrap().to_string()),
+            Err(Error::Poisoned { cause: f, .. }) => {
+                State::Poisoned(f.op_name().unwrap().to_string())
+            }
             Err(e) => panic!("{e}"),
         },
     }

@@ -161,12 +161,10 @@ fn a_failing_op_poisons_what_it_mutates_and_names_itself() {
         };
         assert_eq!(failure.op_name(), Some("load weights"));
         assert_eq!(failure.message(), "disk on fire");
-        // The op's own error is the source, printed once by a chain printer.
-        assert_eq!(err.to_string(), "op `load weights` failed");
-        assert_eq!(
-            std::error::Error::source(&err).unwrap().to_string(),
-            "disk on fire"
-        );
+        // The op's own error's message is in the plain text; it has no
+        // source, so neither has the failure (nothing printed twice).
+        assert_eq!(err.to_string(), "op `load weights` failed: disk on fire");
+        assert!(std::error::Error::source(&err).is_none());
         assert!(
             failure
                 .op_error()
@@ -187,17 +185,17 @@ fn a_failing_op_poisons_what_it_mutates_and_names_itself() {
             })
             .unwrap()
             .wait();
-        let Err(Error::Poisoned(cause)) = skipped else {
+        let Err(Error::Poisoned { cause, .. }) = skipped else {
             panic!("{name}: {skipped:?}")
         };
         assert_eq!(cause.op_name(), Some("load weights"), "{name}");
         assert_eq!(ran.load(SeqCst), 0, "{name}: a poisoned op ran");
         // Poison passes down; c, untouched, is fine; the engine keeps running.
         assert!(
-            matches!(get(&engine, &b), Err(Error::Poisoned(c)) if c.op_name() == Some("load weights"))
+            matches!(get(&engine, &b), Err(Error::Poisoned { cause: c, .. }) if c.op_name() == Some("load weights"))
         );
         assert!(
-            matches!(engine.wait_for_var(&b).wait(), Err(Error::Poisoned(_))),
+            matches!(engine.wait_for_var(&b).wait(), Err(Error::Poisoned { .. })),
             "{name}"
         );
         assert_eq!(get(&engine, &c).unwrap(), 3);
@@ -242,7 +240,7 @@ fn a_panicking_op_is_an_error_not_a_crash() {
         assert!(failure.is_panic(), "{name}");
         assert!(failure.message().contains("index out of range"), "{name}");
         assert!(
-            matches!(get(&engine, &v), Err(Error::Poisoned(_))),
+            matches!(get(&engine, &v), Err(Error::Poisoned { .. })),
             "{name}"
         );
         // The executor survived: unrelated work still runs.
@@ -264,7 +262,7 @@ fn an_async_op_that_fails_after_awaiting_poisons_too() {
         .unwrap()
         .wait();
     assert!(matches!(r, Err(Error::Failed(f)) if f.message() == "late failure"));
-    assert!(matches!(get(&engine, &v), Err(Error::Poisoned(_))));
+    assert!(matches!(get(&engine, &v), Err(Error::Poisoned { .. })));
 }
 
 #[test]
@@ -449,7 +447,7 @@ fn an_executor_that_drops_ops_fails_them_instead_of_hanging() {
     // What depended on it is poisoned, not stuck.
     let r = within(20, move || get(&engine, &v));
     assert!(
-        matches!(r, Err(Error::Poisoned(_)) | Err(Error::Failed(_))),
+        matches!(r, Err(Error::Poisoned { .. }) | Err(Error::Failed(_))),
         "{r:?}"
     );
 }
@@ -552,11 +550,14 @@ fn display_does_not_repeat_the_source() {
         .unwrap()
         .wait()
         .unwrap_err();
-    assert!(matches!(poisoned, Error::Poisoned(_)), "{poisoned:?}");
+    assert!(matches!(poisoned, Error::Poisoned { .. }), "{poisoned:?}");
     assert_eq!(
         assert_no_repeats(&poisoned),
-        "skipped: an input was poisoned because op `load shard` failed: \
-         could not read the shard: disk on fire"
+        format!(
+            "skipped: input {} was poisoned because op `load shard` failed: \
+             could not read the shard: disk on fire",
+            a.id()
+        )
     );
     let all = engine.wait_all().wait().unwrap_err();
     assert_eq!(
@@ -580,4 +581,177 @@ fn display_does_not_repeat_the_source() {
         "op `boom` failed: panicked: index out of range"
     );
     let _ = engine.wait_all().wait();
+}
+
+/// An op skipped for a poisoned input names that input: a pushed op, and
+/// recorded ops in a replay (an inline host op, and one with resource
+/// units, which a replay runs apart).
+#[test]
+fn a_skipped_op_names_the_poisoned_input() {
+    let engine = Engine::new();
+    let slots = engine.new_resource("slots", 1);
+    let (weights, grad) = (
+        engine.var_named("fc1.weight", 1i64),
+        engine.var_named("fc1.grad", 0i64),
+    );
+    let out = engine.new_var();
+    let failure = engine
+        .op()
+        .name("backward fc1")
+        .mutates(&[&grad])
+        .run(|_| Err::<(), depflow::BoxError>("NaN in gradient".into()))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    // Reads a live variable and the poisoned one: the latter is named.
+    let skipped = engine
+        .push(&[&weights, &grad], &[&out], |_| {
+            Ok::<_, depflow::BoxError>(())
+        })
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    let Error::Poisoned { input, cause } = &skipped else {
+        panic!("{skipped:?}")
+    };
+    assert_eq!(*input, grad.id());
+    assert!(Arc::ptr_eq(cause, failure.failure().unwrap()));
+    let text = skipped.to_string();
+    assert_eq!(
+        text,
+        format!(
+            "skipped: input {} was poisoned because op `backward fc1` failed: NaN in gradient",
+            grad.id()
+        )
+    );
+    assert!(
+        text.starts_with("skipped: input `fc1.grad` (var#"),
+        "{text}"
+    );
+    // Passed on: a reader of `out` is skipped for `out`, with the same cause.
+    match engine.wait_for_var(&out).wait() {
+        Err(Error::Poisoned { input, cause }) => {
+            assert_eq!(input, out.id());
+            assert_eq!(cause.op_name(), Some("backward fc1"));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    for units in [0, 1] {
+        let graph = engine
+            .record(|rec| {
+                let op = rec.op().name("step").reads(&[&weights, &grad]);
+                let op = if units == 0 {
+                    op
+                } else {
+                    op.uses(&slots, units)
+                };
+                op.mutates(&[&weights]).run(|_| Ok(()))
+            })
+            .unwrap();
+        match graph.replay().wait() {
+            Err(Error::Poisoned { input, cause }) => {
+                assert_eq!(input, grad.id(), "units {units}");
+                assert_eq!(cause.op_name(), Some("backward fc1"), "units {units}");
+            }
+            other => panic!("units {units}: {other:?}"),
+        }
+        engine.clear_poison(&weights).unwrap().wait().unwrap();
+    }
+    let _ = engine.wait_all().wait();
+}
+
+/// An error with a message of its own and, optionally, a cause.
+#[derive(Debug)]
+struct Layer(
+    &'static str,
+    Option<Box<dyn std::error::Error + Send + Sync>>,
+);
+
+impl std::fmt::Display for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Layer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.1.as_deref().map(|e| e as _)
+    }
+}
+
+/// The plain text of an op's returned error says what the op said, as a
+/// panic's does; a chain printer then prints every message of its chain
+/// once: the failing op's own, then the deeper causes.
+#[test]
+fn an_op_error_is_in_the_plain_text_once_and_its_causes_in_the_chain() {
+    let engine = Engine::new();
+    let (shard, out) = (engine.var(0i64), engine.var(0i64));
+    let failed = engine
+        .op()
+        .name("load shard")
+        .mutates(&[&shard])
+        .run(|_| -> Result<(), depflow::BoxError> {
+            // An io::Error whose source chain goes two levels down.
+            let cause = Layer("disk on fire", Some(Box::new(Layer("fan stopped", None))));
+            Err(
+                std::io::Error::other(Layer("could not read the shard", Some(Box::new(cause))))
+                    .into(),
+            )
+        })
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert_eq!(
+        failed.to_string(),
+        "op `load shard` failed: could not read the shard"
+    );
+    assert_eq!(
+        chain(&failed),
+        [
+            "op `load shard` failed: could not read the shard",
+            "disk on fire",
+            "fan stopped"
+        ]
+    );
+    // The op's error itself is still there, to downcast.
+    let failure = failed.failure().unwrap();
+    assert!(
+        failure
+            .op_error()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .is_some()
+    );
+    assert_eq!(chain(&**failure), chain(&failed));
+
+    let skipped = engine
+        .push(&[&shard], &[&out], |_| Ok::<_, depflow::BoxError>(()))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    let all = engine.wait_all().wait().unwrap_err();
+    for (err, head) in [
+        (
+            &skipped,
+            format!(
+                "skipped: input {} was poisoned because op `load shard` failed: \
+                 could not read the shard",
+                shard.id()
+            ),
+        ),
+        (
+            &all,
+            "1 op(s) failed; the first: op `load shard` failed: could not read the shard"
+                .to_string(),
+        ),
+    ] {
+        assert_eq!(err.to_string(), head);
+        let levels = chain(err);
+        assert_eq!(levels, [head.as_str(), "disk on fire", "fan stopped"]);
+        let printed = levels.join(": ");
+        for message in ["could not read the shard", "disk on fire", "fan stopped"] {
+            assert_eq!(printed.matches(message).count(), 1, "{printed}");
+        }
+    }
 }

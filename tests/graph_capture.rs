@@ -286,7 +286,7 @@ fn a_body_error_at_capture_fails_the_replay_and_the_next_one_captures_again() {
         assert!(!graph.is_captured());
         assert!(matches!(
             engine.wait_for_var(&m).wait(),
-            Err(Error::Poisoned(_))
+            Err(Error::Poisoned { .. })
         ));
         engine.clear_poison(&m).unwrap();
         refuse.store(false, SeqCst);

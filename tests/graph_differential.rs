@@ -707,7 +707,7 @@ fn outcome(r: Result<(), Error>) -> Outcome {
     match r {
         Ok(()) => Outcome::Ok,
         Err(Error::Failed(f)) => Outcome::Failed(name(&f)),
-        Err(Error::Poisoned(f)) => Outcome::Poisoned(name(&f)),
+        Err(Error::Poisoned { cause: f, .. }) => Outcome::Poisoned(name(&f)),
         Err(e) => panic!("unexpected error: {e}"),
     }
 }
@@ -755,7 +755,7 @@ fn final_state(engine: &Engine, var: &Var<u64>) -> (State, u64) {
     let read = engine.push(&[var], &[], move |ctx| Ok(*ctx.read(&v)?));
     let state = match read.unwrap().wait() {
         Ok(x) => State::Live(x),
-        Err(Error::Poisoned(f)) => {
+        Err(Error::Poisoned { cause: f, .. }) => {
             State::Poisoned(format!("{}: {}", f.op_name().unwrap_or("?"), f.message()))
         }
         Err(e) => panic!("reading a final value: {e}"),

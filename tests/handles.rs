@@ -137,7 +137,7 @@ fn a_cancelled_op_does_not_run_and_poisons_its_outputs() {
     assert!(matches!(cancelled.wait(), Err(Error::Cancelled)));
     assert!(!ran.load(SeqCst), "a cancelled op ran");
     match engine.get(&out).wait() {
-        Err(Error::Poisoned(cause)) => assert!(cause.to_string().contains("cancelled")),
+        Err(Error::Poisoned { cause, .. }) => assert!(cause.to_string().contains("cancelled")),
         other => panic!("{other:?}"),
     }
     // Asked for, so not a failure to report.

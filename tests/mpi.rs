@@ -314,7 +314,7 @@ fn large_all_reduces(engine: &Engine, comm: &Communicator) {
         .unwrap()
         .wait_timeout(limit);
     if rank == last {
-        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+        assert!(matches!(r, Err(Error::Poisoned { .. })), "{r:?}");
     } else {
         let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
         assert!(
@@ -350,7 +350,7 @@ fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
 fn assert_poisoned(engine: &Engine, v: &dyn AnyVar) {
     let after = engine.push(&[v], &[], |_| Ok(())).unwrap().wait();
     assert!(
-        matches!(after, Err(Error::Poisoned(_))),
+        matches!(after, Err(Error::Poisoned { .. })),
         "not poisoned: {after:?}"
     );
 }
@@ -368,7 +368,9 @@ where
 fn collective_failure<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
     match r {
         Err(e @ Error::Failed(_)) => matches!(
-            std::error::Error::source(e).and_then(|s| s.downcast_ref::<Error>()),
+            e.failure()
+                .and_then(|f| f.op_error())
+                .and_then(|s| s.downcast_ref::<Error>()),
             Some(Error::Collective(_))
         ),
         _ => false,
@@ -402,7 +404,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
         .unwrap();
     let r = comm.all_reduce(&p).push().unwrap().wait();
     match &r {
-        Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+        Err(Error::Poisoned { cause, .. }) => assert_eq!(cause.op_name(), Some("load")),
         other => panic!("{other:?}"),
     }
 
@@ -425,7 +427,7 @@ fn errors(engine: &Engine, comm: &Communicator) {
 /// The message of a collective's own failure (`Error::Collective`).
 fn collective_message<T: std::fmt::Debug>(r: &Result<T, Error>) -> Option<String> {
     match r {
-        Err(e @ Error::Failed(_)) => match std::error::Error::source(e)?.downcast_ref::<Error>() {
+        Err(e @ Error::Failed(_)) => match e.failure()?.op_error()?.downcast_ref::<Error>() {
             Some(Error::Collective(m)) => Some(m.clone()),
             _ => None,
         },
@@ -464,7 +466,7 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
         .wait_timeout(limit);
     if rank == last {
         assert!(
-            matches!(&r, Err(Error::Poisoned(c)) if c.op_name() == Some("load")),
+            matches!(&r, Err(Error::Poisoned { cause: c, .. }) if c.op_name() == Some("load")),
             "{r:?}"
         );
     } else {
@@ -514,7 +516,7 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
         let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
         assert!(m.contains("rank 0 failed its part"), "{m}");
     } else {
-        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+        assert!(matches!(r, Err(Error::Poisoned { .. })), "{r:?}");
     }
 
     // Several in flight, one of them skipped on one rank: only that one

@@ -400,7 +400,7 @@ fn a_failing_backward_op_poisons_every_replica_and_only_its_bucket() {
                 .unwrap();
             for d in 0..3 {
                 match group.weights(a, d) {
-                    Err(Error::Poisoned(cause)) => {
+                    Err(Error::Poisoned { cause, .. }) => {
                         assert_eq!(cause.op_name(), Some("failing backward"), "{update:?}")
                     }
                     other => panic!("{update:?}: replica {d} of a: {other:?}"),
@@ -696,7 +696,7 @@ fn after_a_failure_clear_poison_lets_training_go_on() {
             };
             step(&mut group, false);
             step(&mut group, true);
-            assert!(matches!(group.weights(p, 0), Err(Error::Poisoned(_))));
+            assert!(matches!(group.weights(p, 0), Err(Error::Poisoned { .. })));
             // Clearing only what the user can reach is not enough: the
             // reductions' own buffers are poisoned too.
             for d in 0..3 {
@@ -705,7 +705,7 @@ fn after_a_failure_clear_poison_lets_training_go_on() {
             }
             step(&mut group, false);
             assert!(
-                matches!(group.weights(p, 2), Err(Error::Poisoned(_))),
+                matches!(group.weights(p, 2), Err(Error::Poisoned { .. })),
                 "{update:?}"
             );
             // The group's clear: the next step runs, from the weights of

@@ -282,7 +282,7 @@ fn check(seed: u64) {
                     g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     "seed {seed}: parameter {p}, replica {d}: {prog:?}"
                 ),
-                (None, Err(Error::Poisoned(_))) => {}
+                (None, Err(Error::Poisoned { .. })) => {}
                 _ => panic!(
                     "seed {seed}: parameter {p}, replica {d}: want {want:?}, got {got:?}: {prog:?}"
                 ),

@@ -234,7 +234,7 @@ fn waiting_for_a_variable_still_waits_for_its_mutations() {
             .unwrap();
         assert!(matches!(
             engine.wait_for_var(&v).wait(),
-            Err(Error::Poisoned(_))
+            Err(Error::Poisoned { .. })
         ));
         assert!(engine.wait_all().wait().is_err());
         engine.clear_poison(&v).unwrap();

@@ -276,7 +276,7 @@ fn skipped_sync_closure() {
             Ok(())
         })
         .unwrap();
-    assert!(matches!(skipped.wait(), Err(Error::Poisoned(_))));
+    assert!(matches!(skipped.wait(), Err(Error::Poisoned { .. })));
     let (first, count) = failures(engine.wait_all().wait());
     assert_eq!(first.message(), "first failure");
     assert_eq!(count, 2, "the input's failure and the panic");
@@ -320,7 +320,7 @@ fn skipped_async_closure() {
             async { Ok::<_, BoxError>(()) }
         })
         .unwrap();
-    assert!(matches!(skipped.wait(), Err(Error::Poisoned(_))));
+    assert!(matches!(skipped.wait(), Err(Error::Poisoned { .. })));
     assert_eq!(failures(engine.wait_all().wait()).1, 2);
 }
 
@@ -495,7 +495,7 @@ fn schedule_panics() {
     for mut h in after {
         assert!(matches!(
             h.wait_timeout(Duration::from_secs(10)),
-            Err(Error::Poisoned(_))
+            Err(Error::Poisoned { .. })
         ));
     }
     let all = engine.wait_all().wait_timeout(Duration::from_secs(10));
@@ -544,11 +544,11 @@ fn last_clone_in_skipped_op() {
     open.send(()).unwrap();
     assert!(matches!(
         skipped.wait_timeout(Duration::from_secs(10)),
-        Err(Error::Poisoned(_))
+        Err(Error::Poisoned { .. })
     ));
     assert!(matches!(
         later.wait_timeout(Duration::from_secs(10)),
-        Err(Error::Poisoned(_))
+        Err(Error::Poisoned { .. })
     ));
 }
 

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 #[cfg(debug_assertions)]
 use common::streams::run_in_child;
-use common::streams::{failed, gated_store, host_fn, poisoned, read_on_host, update};
+use common::streams::{
+    failed, gated_store, host_fn, poisoned, poisoned_input, read_on_host, update,
+};
 use common::{Mem, gate, gpu_engine, within};
 use depflow::stream::SimMemory;
 use depflow::{Engine, Error, Executor, Lane, Var};
@@ -218,6 +220,70 @@ fn device_failures_poison_in_program_order() {
         ));
         engine.clear_poison(&v).unwrap();
         engine.wait_for_var(&v).wait().unwrap();
+    });
+}
+
+/// An op skipped for failed device work names the input it came through:
+/// a device op enqueued behind the failing work (whose fence inherits the
+/// failure), and ops that find the failure in a variable's fence.
+#[test]
+fn device_poison_names_the_input() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(2);
+        let (ok, grad) = (
+            engine.var(Mem::default()),
+            engine.var_named("fc1.grad", Mem::default()),
+        );
+        let out = engine.var(Mem::default());
+        let (open, shut) = gate();
+        // Fails on the device once the consumer below has been enqueued
+        // (its body opens the gate).
+        let failing = engine
+            .op()
+            .name("backward fc1")
+            .on(gpu)
+            .mutates(&[&grad])
+            .run(move |ctx| {
+                Ok(ctx.stream()?.enqueue(move || {
+                    shut.pass();
+                    Err("NaN in gradient".to_string())
+                })?)
+            })
+            .unwrap();
+        let consumer = engine
+            .op()
+            .name("step")
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .reads(&[&ok, &grad])
+            .mutates(&[&out])
+            .run(move |ctx| {
+                open.send(()).unwrap();
+                Ok(ctx.stream()?.enqueue(|| Ok(()))?)
+            })
+            .unwrap();
+        assert!(failing.wait().is_err());
+        let (input, cause) = poisoned_input(consumer.wait());
+        assert_eq!(input, grad.id());
+        assert_eq!(cause.op_name(), Some("backward fc1"));
+        // Host ops find the failure in the variables' fences.
+        for var in [&grad, &out] {
+            let (input, cause) = poisoned_input(engine.wait_for_var(var).wait());
+            assert_eq!(input, var.id());
+            assert_eq!(cause.op_name(), Some("backward fc1"));
+        }
+        // A device op pushed now finds it in `grad`'s fence at once.
+        let fresh = engine.var(Mem::default());
+        let later = engine
+            .op()
+            .on(gpu)
+            .reads(&[&ok, &grad])
+            .mutates(&[&fresh])
+            .run(|ctx| Ok(ctx.stream()?.enqueue(|| Ok(()))?))
+            .unwrap();
+        let (input, _) = poisoned_input(later.wait());
+        assert_eq!(input, grad.id());
+        let _ = engine.wait_all().wait();
     });
 }
 

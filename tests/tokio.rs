@@ -327,7 +327,51 @@ fn an_op_awaiting_a_timer_of_a_runtime_that_shuts_down_fails_instead_of_hanging(
         // Its output is poisoned by that failure, and the engine drops.
         assert!(matches!(
             engine.wait_for_var(&v).wait(),
-            Err(Error::Poisoned(_))
+            Err(Error::Poisoned { .. })
         ));
+    });
+}
+
+/// An op on the default pool (no runtime entered) that awaits a tokio
+/// timer panics with tokio's "no reactor running"; its error says how to
+/// give it a runtime, as the README does.
+#[test]
+fn a_tokio_timer_on_the_default_pool_fails_with_a_hint() {
+    within(HUNG, || {
+        let engine = Engine::new();
+        let v = engine.var(0u32);
+        let err = engine
+            .op()
+            .name("sleepy")
+            .mutates(&[&v])
+            .run_async(|_| async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                Ok::<_, BoxError>(())
+            })
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        let failure = err.failure().unwrap();
+        assert!(failure.is_panic(), "{err}");
+        let message = failure.message();
+        assert!(message.contains("there is no reactor running"), "{message}");
+        for remedy in ["Executor::tokio(", "on_thread_start(", "handle.enter()"] {
+            assert!(message.contains(remedy), "{remedy}: {message}");
+            assert!(err.to_string().contains(remedy), "{remedy}: {err}");
+        }
+        // Other panics get no hint.
+        let w = engine.var(0u32);
+        let other = engine
+            .op()
+            .mutates(&[&w])
+            .run(|_| -> Result<(), BoxError> { panic!("index out of range") })
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        assert_eq!(
+            other.failure().unwrap().message(),
+            "panicked: index out of range"
+        );
+        let _ = engine.wait_all().wait();
     });
 }

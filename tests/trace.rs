@@ -401,7 +401,10 @@ fn a_skipped_op_is_in_the_json_as_skipped() {
         .mutates(&[&b])
         .run(|_| Ok(()));
     assert!(failed.unwrap().wait().is_err());
-    assert!(matches!(skipped.unwrap().wait(), Err(Error::Poisoned(_))));
+    assert!(matches!(
+        skipped.unwrap().wait(),
+        Err(Error::Poisoned { .. })
+    ));
     let _ = engine.wait_all().wait();
     let json = parsed(&engine, "skipped.json");
     let ops = ops(&json);

@@ -320,7 +320,7 @@ fn typed_failures_poison_like_untyped_ones() -> Result<(), Error> {
         }
     })?;
     match skipped.wait() {
-        Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("bad")),
+        Err(Error::Poisoned { cause, .. }) => assert_eq!(cause.op_name(), Some("bad")),
         other => panic!("{other:?}"),
     }
     assert_eq!(ran.load(Ordering::SeqCst), 0);

@@ -213,7 +213,9 @@ fn poison_passes_down_while_ops_are_pushed() {
                 let y = h.push("y", &[&b], &[], never).unwrap();
                 for skipped in [x, y] {
                     match skipped.wait() {
-                        Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+                        Err(Error::Poisoned { cause, .. }) => {
+                            assert_eq!(cause.op_name(), Some("load"))
+                        }
                         other => panic!("{other:?}"),
                     }
                 }
@@ -396,7 +398,7 @@ fn cancel_races_with_the_start() {
         write.cancel();
         match (write.wait(), read.wait()) {
             (Ok(()), Ok(value)) => assert_eq!(value, 1),
-            (Err(Error::Cancelled), Err(Error::Poisoned(cause))) => {
+            (Err(Error::Cancelled), Err(Error::Poisoned { cause, .. })) => {
                 assert_eq!(cause.op_name(), Some("write"));
             }
             other => panic!("a mixed outcome: {other:?}"),

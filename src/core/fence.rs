@@ -155,11 +155,6 @@ impl<E: Watch, F: Clone> Fence<E, F> {
         self.waited.load(Relaxed)
     }
 
-    /// Whether the fence failed because a fence it waited for did.
-    pub fn inherited(&self) -> bool {
-        self.state.load(Acquire) == POISONED
-    }
-
     /// Records the first error reported by one of the op's host functions.
     pub fn set_fault(&self, message: String) {
         self.lock().fault.get_or_insert(message);

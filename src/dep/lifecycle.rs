@@ -249,9 +249,9 @@ pub(super) fn dropping_failed(
 /// Finishes an op that does not run; returns its error.
 pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
     match why {
-        Skip::Poisoned(cause) => {
+        Skip::Poisoned { input, cause } => {
             finish(op, Outcome::Poisoned(cause.clone()), host);
-            Error::Poisoned(cause)
+            Error::Poisoned { input, cause }
         }
         Skip::Deleted(var) => {
             let failure = op.failure(FailureKind::InputDeleted(var));

@@ -25,7 +25,11 @@ use crate::error::{OpFailure, VarId};
 
 /// Why an op does not run.
 pub(crate) enum Skip {
-    Poisoned(Arc<OpFailure>),
+    /// `input` is poisoned by `cause` (or its last device write failed).
+    Poisoned {
+        input: VarId,
+        cause: Arc<OpFailure>,
+    },
     Deleted(VarId),
     /// Its handle cancelled it.
     Cancelled,
@@ -52,9 +56,15 @@ impl OpBlock {
             if unsafe { e.var.is_live() } {
                 if streams
                     && !self.is_maintenance()
-                    && let Some(cause) = e.var.fences().write_failure()
+                    && let Some(failure) = e.var.fences().write_failure()
                 {
-                    return Some(Skip::Poisoned(cause));
+                    // This variable's last device write failed: it is the
+                    // input, whoever's the failure.
+                    let cause = failure.into_cause();
+                    return Some(Skip::Poisoned {
+                        input: e.var.id(),
+                        cause,
+                    });
                 }
                 continue;
             }
@@ -62,7 +72,10 @@ impl OpBlock {
             match unsafe { e.var.state() } {
                 VarState::Live => {}
                 VarState::Poisoned(cause) if !self.is_maintenance() => {
-                    return Some(Skip::Poisoned(cause));
+                    return Some(Skip::Poisoned {
+                        input: e.var.id(),
+                        cause,
+                    });
                 }
                 VarState::Poisoned(_) => {}
                 VarState::Deleted => return Some(Skip::Deleted(e.var.id())),
@@ -110,11 +123,11 @@ impl OpBlock {
     /// write becomes the variable's poison, and the fences are forgotten.
     pub(super) fn settle_fences(&self) {
         for e in self.edges().iter().filter(|e| e.is_write()) {
-            if let Some(cause) = e.var.fences().settle() {
+            if let Some(failure) = e.var.fences().settle() {
                 // SAFETY: the op holds the write grant on this variable.
                 unsafe {
                     if matches!(e.var.state(), VarState::Live) {
-                        e.var.set_state(VarState::Poisoned(cause));
+                        e.var.set_state(VarState::Poisoned(failure.into_cause()));
                     }
                 }
             }

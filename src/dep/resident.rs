@@ -48,7 +48,7 @@ use super::host::Host;
 use super::lifecycle::host;
 use super::poison::Skip;
 use super::var::VarState;
-use crate::error::{BoxError, FailureKind, OpFailure, panic_message};
+use crate::error::{BoxError, FailureKind, OpFailure, VarId, panic_message};
 
 /// A recorded op's body: called once per replay.
 pub(crate) type RecordedBody = Box<dyn Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync>;
@@ -69,9 +69,9 @@ pub(crate) enum Ran {
     /// The body failed or panicked (or an input was deleted): the op's
     /// outputs are poisoned with this failure, which the host recorded.
     Failed(Arc<OpFailure>),
-    /// An input was poisoned by this earlier failure: the body did not run,
-    /// and the outputs carry the poison on.
-    Skipped(Arc<OpFailure>),
+    /// Input `input` was poisoned by the earlier failure `cause`: the body
+    /// did not run, and the outputs carry the poison on.
+    Skipped { input: VarId, cause: Arc<OpFailure> },
 }
 
 /// A recorded op's resident task.
@@ -264,9 +264,9 @@ pub(crate) fn run_recorded<H: Host>(op: &Resident, body: &RecordedBody, host: &H
     let (edges, ctx) = (op.edges(), &op.ctx);
     let op = op.block();
     let ran = match op.blocked_by_edges(edges, false) {
-        Some(Skip::Poisoned(cause)) => {
+        Some(Skip::Poisoned { input, cause }) => {
             op.fail(&cause);
-            Ran::Skipped(cause)
+            Ran::Skipped { input, cause }
         }
         Some(Skip::Deleted(var)) => failed(op, FailureKind::InputDeleted(var), host),
         Some(Skip::Cancelled) => unreachable!("a recorded op is never cancelled"),

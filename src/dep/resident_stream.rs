@@ -39,7 +39,7 @@ use super::lifecycle::{dropping_failed, lease_dropped};
 use super::poison::Skip;
 use super::resident::{Ran, RecordedBody, Resident, run_recorded};
 use crate::device::poller::Entry;
-use crate::device::{Fence, Stream};
+use crate::device::{Fence, FenceFailure, Stream};
 use crate::error::{FailureKind, panic_message};
 use crate::loom::sync::Mutex;
 
@@ -154,7 +154,7 @@ pub(crate) fn enqueue_recorded<H: Host>(
             // The event will never complete: the op fails now (the backend
             // waited for the lane's work before reporting the error).
             let failure = body_failure.unwrap_or_else(|| op.failure(FailureKind::Device(m)));
-            fence.complete(Err(failure.clone()));
+            fence.complete(Err(FenceFailure::Own(failure.clone())));
             let dropped = catch_unwind(AssertUnwindSafe(|| drop(deferred)));
             if let Err(payload) = dropped {
                 host.record_failure(dropping_failed(op, "a value handed to drop_after", payload));
@@ -179,8 +179,8 @@ pub(crate) fn complete_recorded<H: Host>(slot: &StreamSlot, host: &H) -> Option<
     };
     Some(match fence.failure() {
         None => Ran::Succeeded,
-        Some(cause) if fence.inherited() => Ran::Skipped(cause),
-        Some(failure) => {
+        Some(FenceFailure::Inherited { input, cause }) => Ran::Skipped { input, cause },
+        Some(FenceFailure::Own(failure)) => {
             host.record_failure(failure.clone());
             Ran::Failed(failure)
         }
@@ -196,8 +196,8 @@ pub(crate) fn complete_recorded<H: Host>(slot: &StreamSlot, host: &H) -> Option<
 pub(crate) fn run_settled<H: Host>(resident: &Resident, body: &RecordedBody, host: &H) -> Ran {
     let op = resident.block();
     op.settle_fences();
-    if let Some(Skip::Poisoned(cause)) = op.blocked_by(true) {
-        let ran = skipped(op, Skip::Poisoned(cause), host);
+    if let Some(why @ Skip::Poisoned { .. }) = op.blocked_by(true) {
+        let ran = skipped(op, why, host);
         bump_versions(op);
         return ran;
     }
@@ -239,9 +239,9 @@ pub(crate) fn clear_graph_fences(op: &OpBlock, graph: u64) {
 /// failure.
 fn skipped<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Ran {
     match why {
-        Skip::Poisoned(cause) => {
+        Skip::Poisoned { input, cause } => {
             op.fail(&cause);
-            Ran::Skipped(cause)
+            Ran::Skipped { input, cause }
         }
         Skip::Deleted(var) => failed(op, FailureKind::InputDeleted(var), host),
         Skip::Cancelled => unreachable!("a recorded op is never cancelled"),

@@ -37,21 +37,23 @@ use super::output::Output;
 use super::units::{Deferred, OpUnits};
 use crate::core::few::Few;
 use crate::device::poller::Entry;
-use crate::device::{Fence, Stream, StreamDevice};
-use crate::error::{Error, FailureKind};
+use crate::device::{Fence, FenceFailure, Stream, StreamDevice};
+use crate::error::{Error, FailureKind, VarId};
 use crate::resource::Revocable;
 
 impl OpBlock {
     /// Puts stream waits on `lane` of `device` (the op's) for that device's
     /// fences on the op's variables, and returns the writes' among them not done yet
-    /// (the new fence's parents: their failure is the op's). A read's fence
-    /// only orders: a failed read does not poison what it read.
+    /// (the new fence's parents: their failure is the op's), each with the
+    /// first variable it wrote, in edge order (the input a failure comes
+    /// through). A read's fence only orders: a failed read does not poison
+    /// what it read.
     pub(super) fn wait_on_device(
         &self,
         device: &StreamDevice,
         lane: u8,
-    ) -> Result<Vec<Arc<Fence>>, String> {
-        let mut parents: Vec<Arc<Fence>> = Vec::new();
+    ) -> Result<Vec<(Arc<Fence>, VarId)>, String> {
+        let mut parents: Vec<(Arc<Fence>, VarId)> = Vec::new();
         let mut failed = None;
         for e in self.edges() {
             e.var.fences().for_each_pending(e.is_write(), |f, write| {
@@ -67,8 +69,8 @@ impl OpBlock {
                 {
                     failed.get_or_insert(m);
                 }
-                if write && !parents.iter().any(|p| Arc::ptr_eq(p, f)) {
-                    parents.push(f.clone());
+                if write && !parents.iter().any(|(p, _)| Arc::ptr_eq(p, f)) {
+                    parents.push((f.clone(), e.var.id()));
                 }
             });
         }
@@ -238,7 +240,6 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
         let Poll::Ready(done) = fence.poll_done(cx) else {
             unreachable!("a done fence is ready")
         };
-        let inherited = fence.inherited();
         let Stage::Enqueued(_, value) = std::mem::replace(&mut this.stage, Stage::Finished) else {
             unreachable!()
         };
@@ -248,8 +249,8 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
                 op,
                 host.id(),
             )),
-            Err(cause) if inherited => Err(Error::Poisoned(cause)),
-            Err(failure) => {
+            Err(FenceFailure::Inherited { input, cause }) => Err(Error::Poisoned { input, cause }),
+            Err(FenceFailure::Own(failure)) => {
                 host.record_failure(failure.clone());
                 Err(Error::Failed(failure))
             }
@@ -333,9 +334,9 @@ fn enqueue<B: Body, H: Host>(
             // backend waited for the lane's work before reporting the error
             // (or found the device dead, which runs nothing more), so nothing
             // that depends on the fence proceeds while the work runs.
-            fence.complete(Err(
-                body_failure.unwrap_or_else(|| op.failure(FailureKind::Device(m)))
-            ));
+            fence.complete(Err(FenceFailure::Own(
+                body_failure.unwrap_or_else(|| op.failure(FailureKind::Device(m))),
+            )));
             // The lane's work is over: what the body handed to `drop_after`
             // may go (here, on the launcher, which keeps the context current).
             let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(deferred)));

@@ -425,7 +425,7 @@ mod tests {
         while h.run_one() {}
         assert!(matches!(failed.wait(), Err(Error::Failed(_))));
         match skipped.wait() {
-            Err(Error::Poisoned(cause)) => assert_eq!(cause.op_name(), Some("load")),
+            Err(Error::Poisoned { cause, .. }) => assert_eq!(cause.op_name(), Some("load")),
             other => panic!("{other:?}"),
         }
         assert_eq!(h.failures(), [Some("load".to_string())]);

@@ -41,12 +41,32 @@ use self::backend::Gpu;
 pub(crate) use self::backend::{Backend, Event};
 pub(crate) use self::capture::CapturedGraph;
 use self::poller::Poller;
-use crate::error::{Error, OpFailure};
+use crate::error::{Error, OpFailure, VarId};
 
 /// One op's work on a stream (see `core::fence`).
-pub(crate) type Fence = crate::core::fence::Fence<Event, Arc<OpFailure>>;
+pub(crate) type Fence = crate::core::fence::Fence<Event, FenceFailure>;
 /// The device work a variable waits for.
-pub(crate) type VarFences = crate::core::fence::VarFences<Event, Arc<OpFailure>>;
+pub(crate) type VarFences = crate::core::fence::VarFences<Event, FenceFailure>;
+
+/// How an op's work on a stream failed (a [`Fence`]'s failure).
+#[derive(Clone, Debug)]
+pub(crate) enum FenceFailure {
+    /// The op's own failure: its body's, its device work's.
+    Own(Arc<OpFailure>),
+    /// The work ran behind failed device work that wrote `input` (a variable
+    /// the op touches): that work's failure, `cause`, passed on. The fence
+    /// completed as inherited.
+    Inherited { input: VarId, cause: Arc<OpFailure> },
+}
+
+impl FenceFailure {
+    /// The original failure, whoever's it is.
+    pub(crate) fn into_cause(self) -> Arc<OpFailure> {
+        match self {
+            FenceFailure::Own(cause) | FenceFailure::Inherited { cause, .. } => cause,
+        }
+    }
+}
 
 crate::loom::thread::thread_local! {
     /// The calling thread does a device's work (see [`DeviceThread`]).

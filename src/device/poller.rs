@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::{Backend, Deferred, Fence, Threads};
-use crate::error::{FailureKind, OpFailure};
+use super::{Backend, Deferred, Fence, FenceFailure, Threads};
+use crate::error::{FailureKind, OpFailure, VarId};
 use crate::loom::sync::{Condvar, Mutex};
 
 /// Rounds without progress spent spinning, then yielding, before sleeping,
@@ -43,8 +43,11 @@ pub(crate) const MAX_SLEEP: Duration = Duration::from_micros(200);
 /// One op's work in flight.
 pub(crate) struct Entry {
     pub(crate) fence: Arc<Fence>,
-    /// Fences of this device the work was enqueued behind, not done then.
-    pub(crate) parents: Vec<Arc<Fence>>,
+    /// Fences of this device the work was enqueued behind, not done then,
+    /// each with the variable it is the last write to (the first the op
+    /// touches, in its edges' order): a failed parent's failure is the
+    /// op's, inherited through that variable.
+    pub(crate) parents: Vec<(Arc<Fence>, VarId)>,
     /// The op's body failed (after enqueuing some work, perhaps).
     pub(crate) body_failure: Option<Arc<OpFailure>>,
     /// The op's name, for its failure.
@@ -275,7 +278,7 @@ fn round(device: &Backend, wake: &Wake, in_flight: &mut [VecDeque<Entry>]) -> us
             let outcome = if let Some(error) = device.dead() {
                 Err(format!("the device is dead: {error}"))
             } else {
-                if head.parents.iter().any(|p| !p.is_done()) {
+                if head.parents.iter().any(|(p, _)| !p.is_done()) {
                     break; // a parent on another lane completes first
                 }
                 match device.query(head.fence.lane(), head.fence.event()) {
@@ -312,7 +315,12 @@ fn complete(entry: Entry, outcome: Result<(), String>, wake: &Wake) {
             )
         });
     // In program order: an input's failure, the body's, the device's.
-    let inherited = parents.iter().find_map(|p| p.failure());
+    let inherited = parents.iter().find_map(|(p, input)| {
+        Some(FenceFailure::Inherited {
+            input: *input,
+            cause: p.failure()?.into_cause(),
+        })
+    });
     let own = || {
         if body_failure.is_some() {
             return body_failure;
@@ -321,9 +329,9 @@ fn complete(entry: Entry, outcome: Result<(), String>, wake: &Wake) {
         Some(Arc::new(OpFailure::new(name, FailureKind::Device(message))))
     };
     match inherited {
-        Some(cause) => fence.complete_inherited(cause),
+        Some(inherited) => fence.complete_inherited(inherited),
         None => match own() {
-            Some(failure) => fence.complete(Err(failure)),
+            Some(failure) => fence.complete(Err(FenceFailure::Own(failure))),
             None => fence.complete(Ok(())),
         },
     }

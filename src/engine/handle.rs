@@ -178,7 +178,7 @@ impl<T> OpHandle<T> {
     /// late.cancel(); // it cannot have started: `gate` is held
     /// tx.send(()).unwrap();
     /// assert!(matches!(late.wait(), Err(Error::Cancelled)));
-    /// assert!(matches!(engine.get(&v).wait(), Err(Error::Poisoned(_))));
+    /// assert!(matches!(engine.get(&v).wait(), Err(Error::Poisoned { .. })));
     /// # Ok::<(), Error>(())
     /// ```
     pub fn cancel(&self) {

@@ -363,7 +363,7 @@ impl<H: Host> Runtime<H> {
             match ran {
                 Ran::Succeeded => {}
                 Ran::Failed(f) => self.fail(Error::Failed(f)),
-                Ran::Skipped(f) => self.fail(Error::Poisoned(f)),
+                Ran::Skipped { input, cause } => self.fail(Error::Poisoned { input, cause }),
             }
             let (mut next, mut urgent) = (None, false);
             for &s in self.successors(op) {

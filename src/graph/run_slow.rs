@@ -232,7 +232,7 @@ impl<H: Host> Runtime<H> {
         match ran {
             Ran::Succeeded => {}
             Ran::Failed(f) => self.fail(Error::Failed(f)),
-            Ran::Skipped(f) => self.fail(Error::Poisoned(f)),
+            Ran::Skipped { input, cause } => self.fail(Error::Poisoned { input, cause }),
         }
         self.satisfy(op, false, enqueued);
         // The last thing touched: see `run_from`.

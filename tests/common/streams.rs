@@ -8,7 +8,9 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
-use depflow::{BoxError, Device, Engine, Error, Lane, OpCtx, OpFailure, OpHandle, Stream, Var};
+use depflow::{
+    BoxError, Device, Engine, Error, Lane, OpCtx, OpFailure, OpHandle, Stream, Var, VarId,
+};
 
 use super::{Gate, Mem, gate, gpu_engine};
 
@@ -132,7 +134,17 @@ pub fn failed<T: Debug>(got: Result<T, Error>) -> Arc<OpFailure> {
 #[track_caller]
 pub fn poisoned<T: Debug>(got: Result<T, Error>) -> Arc<OpFailure> {
     match got {
-        Err(Error::Poisoned(cause)) => cause,
+        Err(Error::Poisoned { cause, .. }) => cause,
+        other => panic!("not poisoned: {other:?}"),
+    }
+}
+
+/// The input `got` names and the failure that poisoned it; panics if it
+/// is not `Error::Poisoned`.
+#[track_caller]
+pub fn poisoned_input<T: Debug>(got: Result<T, Error>) -> (VarId, Arc<OpFailure>) {
+    match got {
+        Err(Error::Poisoned { input, cause }) => (input, cause),
         other => panic!("not poisoned: {other:?}"),
     }
 }
