@@ -130,7 +130,7 @@ pub use crate::dep::{
 pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};
 pub use crate::engine::{
     DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpHandle, RecordOp,
-    Recorder, Replay, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read, write,
+    Recorder, Replay, ReplayRoom, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read, write,
 };
 pub use crate::error::{BoxError, Error, OpFailure, VarId};
 pub use crate::graph::{EdgeKind, GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};

@@ -8,7 +8,8 @@
 //! | `facade` | [`Engine`]: variables, resources, pushes, waits, devices |
 //! | `builder` | [`EngineBuilder`]: checking and starting an engine |
 //! | `executor` | [`Executor`], [`Job`]: how each device runs its ops |
-//! | `op_builder` | [`OpBuilder`], [`WhenRoom`]: describing an op, checked into an `OpSpec` |
+//! | `op_builder` | [`OpBuilder`]: describing an op, checked into an `OpSpec` |
+//! | `when_room` | [`WhenRoom`], [`ReplayRoom`]: producers waiting for room under the bound on ops in flight, one rule for all |
 //! | `typed_op` | [`TypedOp`], [`TypedCtx`]: typed access, declarations that give the body its values |
 //! | `handle` | [`OpHandle`], [`Wait`]: futures, and blocking on them |
 //! | `record` | [`Engine::record`](crate::Engine::record), [`Recorder`], [`Graph`] and its [`Replay`]s: the entry to `crate::graph` |
@@ -35,6 +36,7 @@ mod shared;
 mod shutdown;
 mod trace_window;
 mod typed_op;
+mod when_room;
 
 pub use self::builder::{DEFAULT_DEVICE, EngineBuilder};
 #[cfg(feature = "mpi")]
@@ -42,9 +44,10 @@ pub use self::collective::{CollectiveOp, Communicator, ReduceOp};
 pub use self::executor::{Executor, Job};
 pub use self::facade::Engine;
 pub use self::handle::{OpHandle, Wait};
-pub use self::op_builder::{OpBuilder, WhenRoom};
+pub use self::op_builder::OpBuilder;
 pub use self::record::{Graph, RecordOp, Recorder, Replay};
 pub use self::trace_window::Tracing;
 pub use self::typed_op::{
     Access, AccessKeys, Accesses, Read, ReadKey, TypedCtx, TypedOp, Write, WriteKey, read, write,
 };
+pub use self::when_room::{ReplayRoom, WhenRoom};
