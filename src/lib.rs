@@ -139,7 +139,8 @@ pub use crate::dep::{
 pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};
 pub use crate::engine::{
     DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpDecl, OpHandle, Ops,
-    RecordOp, Recorder, Replay, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read, write,
+    RecordOp, Recorder, Replay, ReplayRoom, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read,
+    write,
 };
 pub use crate::error::{BoxError, Error, OpFailure, VarId};
 pub use crate::graph::{EdgeKind, GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};

@@ -13,7 +13,7 @@
 //! | `countdown` | see `core::countdown` | |
 //! | `anchor` | see `core::anchor`; set by the pusher before the block is shared | |
 //! | `next_adopted` | the pushing thread only (`reclaim`) | the same |
-//! | `status` | an async body leasing its context, the future and the lease as they finish (the lease count); a handle (`CANCELLED`); retiring (`RETIRED`) | the same; the op's start (`CANCELLED`); a handle (`RETIRED`) |
+//! | `status` | an async body leasing its context, the future and the lease as they finish (the lease count); a handle (`CANCELLED`, before the start only); the op's start (`STARTED`); retiring (`RETIRED`, keeping `STARTED` and `CANCELLED`) | the same; the op's start (`CANCELLED`); a handle (`RETIRED`, `STARTED`, `CANCELLED`) |
 //! | `host`, `flags`, `device`, `priority`, `name`, `units` | creation | anyone |
 //! | `edges` | creation; owners set once by the pusher before linking; the variables given up at retiring | the chains, the op until it retires |
 //!
@@ -43,6 +43,7 @@ use std::task::Waker;
 
 use async_task::Runnable;
 
+use super::start::{CANCELLED, STARTED};
 use super::units::OpUnits;
 use super::var::{AnyVar, VarHold};
 use crate::core::anchor::Anchor;
@@ -159,9 +160,8 @@ impl OpSpec {
 
 /// `OpBlock::status`: the count of holders of a leased op's grants.
 pub(super) const LEASE_MASK: u8 = 0b11;
-/// `OpBlock::status`: a handle asked to cancel the op (if it has not started).
-const CANCELLED: u8 = 0b100;
-/// `OpBlock::status`: the op has retired (counted out of its host).
+/// `OpBlock::status`: the op has retired (counted out of its host). (The
+/// `CANCELLED` and `STARTED` bits are `start`'s.)
 const RETIRED: u8 = 0b1000;
 
 /// `OpBlock::flags`: the op's generation.
@@ -195,7 +195,8 @@ pub(crate) struct OpBlock {
     next_adopted: UnsafeCell<*const OpBlock>,
     /// In `LEASE_MASK`: 0, or (once an async body leased its `OpCtx`) how
     /// many of the future and the context still hold the grants: the last
-    /// one releases them. Plus the `CANCELLED` and `RETIRED` bits.
+    /// one releases them. Plus the `CANCELLED` and `STARTED` bits (see
+    /// `start`) and `RETIRED`.
     pub(super) status: AtomicU8,
     /// `GENERATION` and `NAME_OWNED` bits and the kind (mode or lane),
     /// packed so that the block stays within its size budget (see the test
@@ -344,22 +345,18 @@ impl OpBlock {
         self.countdown.pending()
     }
 
-    /// Asks the op not to run, if it has not started.
-    pub(crate) fn cancel(&self) {
-        self.status.fetch_or(CANCELLED, Relaxed);
-    }
-
-    /// Whether a handle asked to cancel the op.
-    #[inline]
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.status.load(Relaxed) & CANCELLED != 0
-    }
-
     /// Marks the op retired: nothing it declared waits for it any more.
-    /// The lease count is 0 by then, and cancelling no longer matters.
+    /// The lease count is 0 by then, so the word holds only the `STARTED`
+    /// and `CANCELLED` bits, which it keeps: what a cancel answers stands
+    /// (see `start`). (A cancel that sets its bit in between, on an op
+    /// that never started, is lost to the store; a later one answers the
+    /// same.) A load and a store, not a read-modify-write: only a cancel
+    /// may write the word now, and losing its bit is harmless.
     #[inline]
     pub(super) fn mark_retired(&self) {
-        self.status.store(RETIRED, Release);
+        let status = self.status.load(Relaxed);
+        debug_assert_eq!(status & !(STARTED | CANCELLED), 0, "leased or retired");
+        self.status.store(status | RETIRED, Release);
     }
 
     /// Whether the op has retired: its host counts it out (its handle's

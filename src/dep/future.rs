@@ -1,5 +1,6 @@
 //! The future a host op's task runs: wait for device work on its variables,
-//! check its inputs, run the body with panics caught, then finish the op
+//! check its inputs, start (unless cancelled first: `start`), run the body
+//! with panics caught, then finish the op
 //! (see `lifecycle`); and the thread-local marker of the op a thread is
 //! running, which blocking waits (and the engine's last handle) consult.
 //!
@@ -26,6 +27,8 @@ use super::ctx::Env;
 use super::host::Host;
 use super::lifecycle::{Outcome, abandon, dropping_failed, finish, host, lease_dropped, skip};
 use super::output::Output;
+use super::poison::Skip;
+use super::start::Start;
 use crate::error::{Error, FailureKind, panic_message};
 
 /// The future of an op on a host device (see `stream_op` for the other).
@@ -77,15 +80,14 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
             }
             // An op with units was checked when it became ready; a failed
             // device write may have come in since only with streams.
-            // (Cancelling may have come since.)
             let checked = !streams && op.units().is_some_and(|u| !u.is_skipped());
-            if (!checked || op.is_cancelled())
-                && let Some(why) = op.blocked_by(streams)
-            {
-                this.finished = true;
-                // SAFETY: `body` is pinned with `this`.
-                discard_body(op, unsafe { Pin::new_unchecked(&mut this.body) }, host);
-                return Poll::Ready(Err(skip(op, why, host)));
+            if !checked && let Some(why) = op.blocked_by(streams) {
+                return Poll::Ready(Err(this.skip(op, why, host)));
+            }
+            // Its inputs allow it: the body runs unless a cancel came
+            // first, which one read-modify-write decides (`start`).
+            if op.start() == Start::Cancelled {
+                return Poll::Ready(Err(this.skip(op, Skip::Cancelled, host)));
             }
             host.on_started(op);
         } else {
@@ -125,6 +127,19 @@ impl<B: Body, H: Host> Future for OpFuture<B, H> {
                 Err(Error::Failed(failure))
             }
         })
+    }
+}
+
+impl<B: Body, H: Host> OpFuture<B, H> {
+    /// The op will not run: drops what its body holds and finishes it as
+    /// skipped; returns its error.
+    #[cold]
+    fn skip(&mut self, op: &OpBlock, why: Skip, host: &H) -> Error {
+        self.finished = true;
+        // SAFETY: `body` is structurally pinned: the future is (in its
+        // task), and `self` is its pinned place.
+        discard_body(op, unsafe { Pin::new_unchecked(&mut self.body) }, host);
+        skip(op, why, host)
     }
 }
 

@@ -10,6 +10,7 @@
 //! | `lifecycle` | grant, ready, finish, skip, retire: the transitions, generic over the host |
 //! | `units` | the counted units an op needs, and how lasting ones are handed on |
 //! | `poison` | whether an op may run, and how failures pass on |
+//! | `start` | whether its body runs: the start and a cancel, decided by one read-modify-write each |
 //! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
 //! | `output` | an op's result as its task keeps it, and failures of values dropped after their op retired |
 //! | `ctx` | what a body sees: [`OpCtx`] |
@@ -46,6 +47,7 @@ mod resident;
 mod resident_stream;
 mod resident_units;
 mod spawn;
+mod start;
 mod stream_op;
 mod task;
 #[cfg(any(test, loom))]
@@ -77,6 +79,7 @@ pub(crate) use self::resident_stream::{
 };
 pub(crate) use self::resident_units::{give_back_units, set_tickets};
 pub(crate) use self::spawn::{OpTask, spawn};
+pub(crate) use self::start::Cancel;
 pub(crate) use self::task::PushedOp;
 pub(crate) use self::units::{DrawTickets, OpUnits};
 pub use self::var::{AnyVar, Var, VarKey};

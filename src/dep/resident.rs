@@ -47,6 +47,7 @@ use super::future::CurrentOp;
 use super::host::Host;
 use super::lifecycle::host;
 use super::poison::Skip;
+use super::start::Cancel;
 use super::var::VarState;
 use crate::error::{BoxError, FailureKind, OpFailure, VarId, panic_message};
 
@@ -195,7 +196,9 @@ impl Drop for Resident {
         // are given up once, here. A panic of a value's drop was caught;
         // there is no op left to report it against.
         drop(unsafe { task.metadata().release_vars() });
-        task.metadata().cancel();
+        // A resident op never starts (see `start`): the cancel always takes.
+        let cancelled = task.metadata().cancel();
+        debug_assert_eq!(cancelled, Cancel::NotRun);
         // Cancels the task: `schedule_resident` drops its runnable at once.
         drop(task);
     }

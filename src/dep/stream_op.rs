@@ -34,6 +34,7 @@ use super::lifecycle::{
     Outcome, abandon, dropping_failed, finish, host, lease_dropped, release_edges, retire, skip,
 };
 use super::output::Output;
+use super::start::Start;
 use super::units::{Deferred, OpUnits};
 use crate::core::few::Few;
 use crate::device::poller::Entry;
@@ -201,7 +202,11 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
             if op.await_fences(cx, Some(op.device_index())).is_pending() {
                 return Poll::Pending;
             }
-            if op.blocked_by(true).is_some() {
+            // Its inputs allow it: it runs unless a cancel came first, which
+            // one read-modify-write decides (`start`); a cancelled op is
+            // skipped as a blocked one is (`blocked_by` finds the cancel
+            // from now on).
+            if op.blocked_by(true).is_some() || op.start() == Start::Cancelled {
                 // It will not run; but which input's failure comes first in
                 // program order may hang on device work still running on an
                 // earlier edge: wait for all of it before naming the cause.
@@ -210,7 +215,7 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
                 }
                 let why = op
                     .blocked_by(true)
-                    .expect("a poisoned input stays poisoned");
+                    .expect("a poisoned input stays poisoned, a cancelled op cancelled");
                 this.stage = Stage::Finished;
                 // SAFETY: `body` is pinned with `this`.
                 discard_body(op, unsafe { Pin::new_unchecked(&mut this.body) }, host);

@@ -14,6 +14,7 @@ use async_task::FallibleTask;
 use super::block::OpBlock;
 use super::output::Output;
 use super::spawn::OpTask;
+use super::start::Cancel;
 use crate::error::Error;
 
 /// A pushed op's task, and its block.
@@ -50,9 +51,15 @@ impl<T> PushedOp<T> {
         self.task.is_finished() || self.op().has_retired()
     }
 
-    /// Asks the op not to run, if it has not started.
-    pub(crate) fn cancel(&self) {
-        self.op().cancel();
+    /// Asks the op not to run, if it has not started; says whether its body
+    /// will not run (see `start`).
+    pub(crate) fn cancel(&self) -> Cancel {
+        self.op().cancel()
+    }
+
+    /// Whether the op's body started (see `start`).
+    pub(crate) fn is_started(&self) -> bool {
+        self.op().is_started()
     }
 
     /// The op's result, once it is there; `None` if its future was dropped

@@ -161,9 +161,15 @@ impl<T> Handle<T> {
         output.map(super::output::Output::into_inner)
     }
 
-    /// Asks the op not to run, if it has not started (`OpHandle::cancel`).
-    pub fn cancel(&self) {
-        self.0.metadata().cancel();
+    /// Asks the op not to run, if it has not started; whether its body will
+    /// not run (`OpHandle::cancel`).
+    pub fn cancel(&self) -> bool {
+        self.0.metadata().cancel() == super::start::Cancel::NotRun
+    }
+
+    /// Whether the op's body started (`OpHandle::is_started`).
+    pub fn is_started(&self) -> bool {
+        self.0.metadata().is_started()
     }
 
     /// Lets the op run to the end without anyone waiting for it.

@@ -125,7 +125,11 @@ impl EngineBuilder {
 
     /// Bounds the ops in flight (pushed, not finished) for producers that
     /// wait for room with [`OpBuilder::when_room`](crate::OpBuilder::when_room)
-    /// (default: no bound). Plain pushes never wait, but count; so do the
+    /// (default: no bound); producers of replays with
+    /// [`Graph::when_room`](crate::Graph::when_room) (a replay is one op,
+    /// whatever its recorded ops), and of data-parallel steps with
+    /// [`Group::when_room`](crate::parallel::Group::when_room). Plain pushes
+    /// and replays never wait, but count; so do the
     /// engine's own deletions and un-poisonings, but not its waits
     /// ([`Engine::wait_for_var`]). `max_in_flight(0)` means no bound, as
     /// if it were never called.

@@ -17,7 +17,7 @@ use futures::future::FusedFuture;
 
 use super::shared::Shared;
 use crate::core::generations::Signal;
-use crate::dep::{OpTask, PushedOp, in_op, reclaim};
+use crate::dep::{Cancel, OpTask, PushedOp, in_op, reclaim};
 use crate::error::{Error, FailureKind, OpFailure};
 use crate::exec::in_tokio_runtime;
 use crate::trace::note_awaited;
@@ -122,8 +122,11 @@ enum HandleState<T> {
     /// Decided without pushing (a refused `Engine::get`); boxed, so that a
     /// handle stays two words plus a tag, cheap to move and drop.
     Ready(Box<Result<T, Error>>),
-    /// The result was taken.
-    Taken,
+    /// The result was taken; whether the op's body had started (what
+    /// `is_started` and `cancel` still answer).
+    Taken {
+        started: bool,
+    },
 }
 
 impl<T> OpHandle<T> {
@@ -146,7 +149,31 @@ impl<T> OpHandle<T> {
     pub fn is_finished(&self) -> bool {
         match &self.state {
             HandleState::Pushed(op) => op.is_finished(),
-            HandleState::Ready(_) | HandleState::Taken => true,
+            HandleState::Ready(_) | HandleState::Taken { .. } => true,
+        }
+    }
+
+    /// Whether the op's body has started: from then on it runs to its end,
+    /// and [`cancel`](Self::cancel) returns false. False while the op waits
+    /// for its variables, units or executor, and for an op that never
+    /// runs: cancelled, skipped on a poisoned or deleted input, or refused
+    /// without a push. A snapshot; once true, it stays true (after the op
+    /// finished, and after its result was taken).
+    ///
+    /// ```
+    /// let engine = depflow::Engine::new();
+    /// let v = engine.new_var();
+    /// let op = engine.push(&[], &[&v], |_| Ok(()))?;
+    /// engine.wait_all().wait()?;
+    /// assert!(op.is_started()); // it ran
+    /// assert!(!op.cancel()); // too late
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn is_started(&self) -> bool {
+        match &self.state {
+            HandleState::Pushed(op) => op.is_started(),
+            HandleState::Ready(_) => false,
+            HandleState::Taken { started } => *started,
         }
     }
 
@@ -155,12 +182,30 @@ impl<T> OpHandle<T> {
     /// have mutated are poisoned (their new values were never computed:
     /// later ops on them are skipped, until
     /// [`clear_poison`](crate::Engine::clear_poison)). A cancelled op still
-    /// waits for its turn on its variables, then finishes at once without
-    /// taking its resource units. [`Engine::wait_all`](crate::Engine::wait_all)
-    /// does not report it as a failure.
+    /// waits for its turn on its variables, then finishes at once (giving
+    /// back any resource units it was granted).
+    /// [`Engine::wait_all`](crate::Engine::wait_all) does not report it as
+    /// a failure.
     ///
-    /// An op that has started runs to its end, and its handle resolves as
-    /// usual; await the handle to know which happened.
+    /// Returns whether the op's body will not run: true if it had not
+    /// started, or was cancelled before (its handle resolves to
+    /// [`Error::Cancelled`]; an op that was already skipped on a poisoned
+    /// or deleted input, or refused without a push, never runs either, and
+    /// keeps its own error); false if its body had started
+    /// ([`is_started`](Self::is_started)): it runs to its end, and its
+    /// handle resolves as usual. The answer is exact: the op's start and
+    /// the cancel are each one atomic read-modify-write of the op's status,
+    /// so whichever comes first decides, and the other sees it. Ignoring it
+    /// is fine: the handle still tells what happened.
+    ///
+    /// An async op ([`Engine::push_async`](crate::Engine::push_async),
+    /// [`OpBuilder::run_async`](crate::OpBuilder::run_async)) starts when
+    /// its body is first polled: from then on `cancel` returns false, and
+    /// the body runs to its end (it is not interrupted at its next
+    /// `.await`; have it watch a flag of your own for that). An op on a
+    /// stream device starts when its body is called to enqueue its work.
+    /// A replay ([`Graph::replay`](crate::Graph::replay)) cannot be
+    /// cancelled.
     ///
     /// ```
     /// use depflow::{Engine, Error};
@@ -175,15 +220,18 @@ impl<T> OpHandle<T> {
     ///     *ctx.write(k)? = 1;
     ///     Ok(())
     /// })?;
-    /// late.cancel(); // it cannot have started: `gate` is held
+    /// assert!(late.cancel()); // it cannot have started: `gate` is held
     /// tx.send(()).unwrap();
+    /// assert!(!late.is_started());
     /// assert!(matches!(late.wait(), Err(Error::Cancelled)));
     /// assert!(matches!(engine.get(&v).wait(), Err(Error::Poisoned { .. })));
     /// # Ok::<(), Error>(())
     /// ```
-    pub fn cancel(&self) {
-        if let HandleState::Pushed(op) = &self.state {
-            op.cancel();
+    pub fn cancel(&self) -> bool {
+        match &self.state {
+            HandleState::Pushed(op) => op.cancel() == Cancel::NotRun,
+            HandleState::Ready(_) => true,
+            HandleState::Taken { started } => !started,
         }
     }
 
@@ -299,16 +347,17 @@ impl<T> Future for OpHandle<T> {
             },
             HandleState::Ready(_) => {
                 let HandleState::Ready(out) =
-                    std::mem::replace(&mut self.state, HandleState::Taken)
+                    std::mem::replace(&mut self.state, HandleState::Taken { started: false })
                 else {
                     unreachable!()
                 };
                 return Poll::Ready(*out);
             }
-            HandleState::Taken => return Poll::Pending,
+            HandleState::Taken { .. } => return Poll::Pending,
         };
         // Completed: nothing left to detach.
-        self.state = HandleState::Taken;
+        let started = self.is_started();
+        self.state = HandleState::Taken { started };
         reclaim::collect();
         Poll::Ready(out)
     }
@@ -321,14 +370,15 @@ impl<T> Unpin for OpHandle<T> {}
 impl<T> FusedFuture for OpHandle<T> {
     /// True once the handle has resolved (as `select!` loops expect).
     fn is_terminated(&self) -> bool {
-        matches!(self.state, HandleState::Taken)
+        matches!(self.state, HandleState::Taken { .. })
     }
 }
 
 impl<T> Drop for OpHandle<T> {
     fn drop(&mut self) {
         if let HandleState::Pushed(_) = self.state
-            && let HandleState::Pushed(op) = std::mem::replace(&mut self.state, HandleState::Taken)
+            && let HandleState::Pushed(op) =
+                std::mem::replace(&mut self.state, HandleState::Taken { started: false })
         {
             op.detach();
         }

@@ -1,18 +1,18 @@
 //! Describing an op before pushing it: [`OpBuilder`] (variables, name,
 //! priority, device and lane, resource units), checked into an `OpSpec` at
-//! `run`; and [`WhenRoom`], the wait for room under the engine's bound on
-//! ops in flight.
+//! `run` (its wait for room, [`WhenRoom`], is `when_room`'s).
 
 use std::borrow::Cow;
 use std::future::Future;
 
 use super::Engine;
-use super::handle::{OpHandle, block_outside_ops};
+use super::handle::OpHandle;
 use super::shared::Shared;
 use super::typed_op::{Accesses, TypedOp};
+use super::when_room::WhenRoom;
 use crate::core::few::Few;
 use crate::dep::{
-    AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges, in_op_of,
+    AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges,
 };
 use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
@@ -42,7 +42,7 @@ use crate::resource::Resource;
 /// ```
 #[must_use = "an OpBuilder does nothing until `run` or `run_async`"]
 pub struct OpBuilder<'a> {
-    engine: &'a Engine,
+    pub(super) engine: &'a Engine,
     decl: Declaration<'a>,
 }
 
@@ -265,9 +265,7 @@ impl<'a> OpBuilder<'a> {
     /// # Ok::<(), Error>(()) }).unwrap();
     /// ```
     pub fn when_room(self) -> WhenRoom<'a> {
-        WhenRoom {
-            builder: Some(self),
-        }
+        WhenRoom::new(self)
     }
 
     /// Pushes the op with a synchronous body; see [`Engine::push`].
@@ -385,56 +383,6 @@ impl<'a> OpBuilder<'a> {
         TypedOp::new(self, keys, duplicate)
     }
 }
-
-/// Waits for room under the engine's bound on ops in flight; resolves to the
-/// [`OpBuilder`] to push with. Made by [`OpBuilder::when_room`].
-#[must_use = "a WhenRoom does nothing unless awaited or waited on"]
-#[derive(Debug)]
-pub struct WhenRoom<'a> {
-    builder: Option<OpBuilder<'a>>,
-}
-
-impl<'a> WhenRoom<'a> {
-    /// Blocks the calling thread until there is room.
-    ///
-    /// # Errors
-    ///
-    /// While there is no room: [`Error::WaitsForItself`] inside an op of
-    /// this engine (see [`OpBuilder::when_room`]), [`Error::BlockingInOp`]
-    /// inside another engine's op, and [`Error::BlockingInRuntime`] inside a
-    /// tokio runtime (with the `tokio` feature); `.await` it there instead.
-    pub fn wait(self) -> Result<OpBuilder<'a>, Error> {
-        block_outside_ops(false, self)
-    }
-}
-
-impl<'a> Future for WhenRoom<'a> {
-    type Output = Result<OpBuilder<'a>, Error>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let builder = self
-            .builder
-            .as_ref()
-            .expect("WhenRoom polled after it resolved");
-        let shared = builder.engine.shared();
-        if shared.room.is_bounded() && in_op_of(&**shared) {
-            // Never waits inside one of its own ops (see `when_room`).
-            if !shared.room.has_room_besides(1) {
-                self.builder = None;
-                return std::task::Poll::Ready(Err(Error::WaitsForItself));
-            }
-        } else {
-            std::task::ready!(shared.room.poll_room(cx));
-        }
-        std::task::Poll::Ready(Ok(self.builder.take().expect("checked above")))
-    }
-}
-
-// An `OpBuilder` holds only shared references and owned data.
-impl Unpin for WhenRoom<'_> {}
 
 /// What an op declares: its variables (`reads` and `mutates` add up over
 /// calls; copied, so that the caller's slices need not outlive the

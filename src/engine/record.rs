@@ -20,6 +20,7 @@ use super::op_builder::Declaration;
 use super::ops::{OpDecl, Ops};
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
+use super::when_room::ReplayRoom;
 use crate::dep::{
     AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, Var,
     distinct_edges, in_op, recorded_edges,
@@ -511,10 +512,59 @@ impl Graph {
     /// Errors come through the future: [`Error::ShutDown`] once the engine
     /// is shut down or dropped, [`Error::Deleted`] for a deleted boundary
     /// variable, and the first failure of the replay's ops.
+    ///
+    /// A replay counts as one op under the engine's bound on ops in flight
+    /// ([`EngineBuilder::max_in_flight`](crate::EngineBuilder::max_in_flight)),
+    /// whatever its number of recorded ops; `replay` itself never waits
+    /// for room: a producer of replays waits with
+    /// [`when_room`](Self::when_room).
     pub fn replay(&self) -> Replay {
         Replay {
             handle: self.push_replay(),
         }
+    }
+
+    /// Waits for room under the engine's bound on ops in flight
+    /// ([`EngineBuilder::max_in_flight`](crate::EngineBuilder::max_in_flight)),
+    /// then gives the graph back to [`replay`](Self::replay): as
+    /// [`OpBuilder::when_room`](crate::OpBuilder::when_room) does for an op
+    /// (a replay is one op in flight), with the same rule inside an op of
+    /// the engine (it never waits there: it resolves at once, to
+    /// [`Error::WaitsForItself`] if there is no room besides the calling
+    /// op). A producer that replays this way never runs more than the bound
+    /// ahead of the engine (plus one op per other producer between its
+    /// wait and its replay). Ready at once without a bound.
+    ///
+    /// `.await` it in async code, or block with
+    /// [`ReplayRoom::wait`](crate::ReplayRoom::wait).
+    ///
+    /// ```
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::builder().max_in_flight(8).build()?;
+    /// let x = engine.var(0u64);
+    /// let graph = engine.record(|rec| {
+    ///     let k = x.key();
+    ///     rec.op().mutates(&[&x]).run(move |ctx| { *ctx.write(k)? += 1; Ok(()) })
+    /// })?;
+    /// for _ in 0..100 {
+    ///     // Blocks while 8 ops (replays here) are in flight.
+    ///     graph.when_room().wait()?.replay();
+    ///     assert!(engine.in_flight() <= 8);
+    /// }
+    /// # futures::executor::block_on(async {
+    /// graph.when_room().await?.replay().await?; // the same, in async code
+    /// # Ok::<(), Error>(()) })?;
+    /// assert_eq!(engine.get(&x).wait()?, 101);
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn when_room(&self) -> ReplayRoom<'_> {
+        ReplayRoom::new(self)
+    }
+
+    /// The engine's shared state, which the graph's runtime holds.
+    pub(super) fn shared(&self) -> &Shared {
+        self.inner.analysed.runtime.host()
     }
 
     fn push_replay(&self) -> Result<OpHandle<Option<Error>>, Error> {

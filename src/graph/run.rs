@@ -233,6 +233,11 @@ impl<H: Host> Runtime<H> {
         })
     }
 
+    /// The host the graph's ops run on.
+    pub(crate) fn host(&self) -> &H {
+        &self.host
+    }
+
     /// The recorded ops, in recorded order.
     pub(crate) fn steps(&self) -> &[Step] {
         &self.steps

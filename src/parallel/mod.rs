@@ -18,7 +18,8 @@
 //!   parameter, identically initialised, and one gradient per device.
 //! - **step** ([`Group::step`]): the user's closure pushes one device's
 //!   forward and backward ops, given a [`DeviceStep`]; it is called for
-//!   every device.
+//!   every device. A producer under the engine's bound on ops in flight
+//!   waits for room first ([`Group::when_room`]).
 //! - **all-reduce** ([`AllReduce`], [`Backend`]): gradients, in buckets of
 //!   consecutive small ones, are summed by a chunked ring (reduce-scatter,
 //!   all-gather; every chunk step an op), pushed right behind the op that
@@ -111,6 +112,7 @@ mod ranks;
 mod ring;
 mod split;
 mod step;
+mod step_room;
 mod update;
 
 pub use allreduce::{AllReduce, Backend};
@@ -120,4 +122,5 @@ pub use nccl_slices::NcclAllReduce;
 pub use overlap::Overlap;
 pub use ring::{chunk_range, serial_sum};
 pub use step::DeviceStep;
+pub use step_room::StepRoom;
 pub use update::Update;
