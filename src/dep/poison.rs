@@ -31,6 +31,23 @@ pub(crate) enum Skip {
     Cancelled,
 }
 
+impl Skip {
+    /// Why the op did not run, in words: for a poisoned input, the
+    /// original failure with its op's error (which `OpFailure`'s own
+    /// `Display` leaves to its source).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Skip::Poisoned(cause, ..) => match cause.op_error() {
+                Some(e) => format!("an input was poisoned because {cause}: {e}"),
+                None => format!("an input was poisoned because {cause}"),
+            },
+            Skip::Deleted(var, ..) => format!("{var} was deleted before the op ran"),
+            Skip::Cancelled => "the op was cancelled before it ran".into(),
+        }
+    }
+}
+
 impl OpBlock {
     /// Whether the op may run: the first poisoned or deleted input, in edge
     /// order, if not. `streams`: the engine has stream devices, so failed
