@@ -26,8 +26,10 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
+// rsmpi as depflow re-exports it (no `mpi` dependency of our own), its
+// `Communicator` trait beside depflow's type.
+use depflow::mpi::{self, traits::Communicator as _};
 use depflow::{AnyVar, CollectiveOp, Communicator, Engine, Error, ReduceOp, Var};
-use mpi::traits::Communicator as _;
 
 /// Global data: `SHARDS` shards, rank `r` of `n` holds shards `r, r+n, ...`
 /// (summed locally before the all-reduce). Values are small dyadic

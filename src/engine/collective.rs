@@ -93,9 +93,36 @@ use crate::error::{BoxError, Error};
 /// finalised (the drop of rsmpi's `Universe`): drop the communicator, and
 /// shut the engine down, before the `Universe`.
 ///
+/// **rsmpi beside it.** depflow re-exports the rsmpi crate it is built
+/// against as [`depflow::mpi`](crate::mpi): use that to initialise MPI and
+/// make the communicator, rather than a dependency of your own on `mpi`
+/// (whose types are depflow's only at exactly depflow's version, 0.8.2).
+/// rsmpi's `Communicator` trait (for `rank()`, `size()` and its own
+/// collectives on `world`) has this type's name: import it unnamed, as
+/// below, or under another name:
+///
 /// ```no_run
+/// use depflow::mpi::topology::Communicator as MpiCommunicator;
 /// use depflow::{Communicator, Engine};
-/// use mpi::traits::Communicator as _;
+///
+/// fn ranks(world: &impl MpiCommunicator) -> i32 {
+///     world.size()
+/// }
+///
+/// let (universe, _) =
+///     depflow::mpi::initialize_with_threading(depflow::mpi::Threading::Serialized).unwrap();
+/// let world = universe.world();
+/// let engine = Engine::new();
+/// let comm = Communicator::new(&engine, &world)?;
+/// assert_eq!(comm.size(), ranks(&world) as usize);
+/// # Ok::<(), depflow::Error>(())
+/// ```
+///
+/// An all-reduce, and the unnamed import:
+///
+/// ```no_run
+/// use depflow::mpi::traits::Communicator as _;
+/// use depflow::{Communicator, Engine, mpi};
 ///
 /// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Multiple).unwrap();
 /// let world = universe.world();
