@@ -21,10 +21,10 @@
 use std::ffi::c_void;
 use std::time::Instant;
 
+use depflow::mpi::collective::CommunicatorCollectives;
+use depflow::mpi::traits::{AsRaw, Communicator as _};
+use depflow::mpi::{self, ffi};
 use depflow::{Communicator, Engine, Executor};
-use mpi::collective::CommunicatorCollectives;
-use mpi::ffi;
-use mpi::traits::{AsRaw, Communicator as _};
 
 const KIB: usize = 1024;
 /// All-reduces in flight at once in the last column.

@@ -39,6 +39,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use data::{Data, FEATURES, Rng};
+use depflow::mpi; // rsmpi, as depflow re-exports it
 use depflow::parallel::Group;
 use depflow::{Communicator, Engine, Error, Executor, ReduceOp};
 use model::{Mlp, Weights};

@@ -150,6 +150,13 @@ pub use crate::trace::{
     Cycle, Diagnostics, Needs, OpReport, OpState, ResourceReport, ResourceTrack, Slice, Trace,
     TracedOp, Track,
 };
+/// The rsmpi crate (`mpi` 0.8.2) that [`Communicator`] is built on (the
+/// `mpi` feature): initialise MPI and make communicators with it, so that
+/// their types are the ones depflow takes, without a dependency of your
+/// own on `mpi` at exactly this version. Its `Communicator` trait shares
+/// depflow's type's name: see [`Communicator`] for how to import both.
+#[cfg(feature = "mpi")]
+pub use mpi;
 
 pub mod typed {
     //! Typed access ([`OpBuilder::with`](crate::OpBuilder::with)): the

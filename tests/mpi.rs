@@ -12,7 +12,8 @@
 //! sums are exact, and on 2 ranks to the serial reference in the group's
 //! order of summation, which the 1-rank process computes too. A failure on
 //! one rank (`one_rank_fails`) fails the collective on every rank, and the
-//! ranks go on in step.
+//! ranks go on in step; the lowest failing rank's own message reaches
+//! every rank (`failure_messages`).
 //! Without `mpirun` it says so and runs the 1-rank checks only. Under
 //! `mpirun` directly (`mpirun -np 2 target/debug/deps/mpi-*`) it runs the
 //! checks on every rank.
@@ -25,8 +26,10 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
+// rsmpi as depflow re-exports it (no `mpi` dependency of our own), its
+// `Communicator` trait beside depflow's type.
+use depflow::mpi::{self, traits::Communicator as _};
 use depflow::{AnyVar, CollectiveOp, Communicator, Engine, Error, ReduceOp, Var};
-use mpi::traits::Communicator as _;
 
 /// Global data: `SHARDS` shards, rank `r` of `n` holds shards `r, r+n, ...`
 /// (summed locally before the all-reduce). Values are small dyadic
@@ -135,6 +138,7 @@ fn checks(world: &mpi::topology::SimpleCommunicator) {
     large_all_reduces(&engine, &comm);
     errors(&engine, &comm);
     one_rank_fails(&engine, &comm);
+    failure_messages(&engine, &comm);
     waiting_costs_no_core(&engine, &comm);
 
     // A collective pushed but not issued when the communicator shuts down
@@ -500,6 +504,8 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
             m.starts_with("gather: rank 0 failed its part (its op refused"),
             "{m}"
         );
+        // With rank 0's own words.
+        assert!(m.contains("the output holds"), "{m}");
     }
 
     // A broadcast whose root's value is poisoned fails on every rank.
@@ -544,6 +550,128 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
             let want = vec![i as u32 * size as u32; 100 + i];
             assert_eq!(engine.get(&vars[i]).wait().unwrap(), want);
         }
+    }
+    engine.wait_all().wait().ok(); // the failures above, recorded
+}
+
+/// `e` and its sources, as a chain printer shows them.
+fn chain(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        s += &format!(": {cause}");
+        source = cause.source();
+    }
+    s
+}
+
+/// Poisons `v` with an op `load` failing with `why`.
+fn poison(engine: &Engine, v: &dyn AnyVar, why: String) {
+    engine
+        .op()
+        .name("load")
+        .mutates(&[v])
+        .run(move |_| Err::<(), _>(why.into()))
+        .unwrap();
+}
+
+/// A collective that fails because of another rank says that rank's own
+/// failure: rank 1's input poisoned by "NaN on rank 1" fails the
+/// all-reduce on every rank with those words; a long message is cut to
+/// its bound; with several in flight, each failed collective carries its
+/// own rank 1's message (the messages stay matched to their collectives),
+/// rank 1's rather than that of rank 2, failing too; the ranks stay in
+/// step.
+fn failure_messages(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    if size < 2 {
+        return;
+    }
+    let limit = Duration::from_secs(60);
+
+    // Rank 1's input is poisoned: its words reach every rank.
+    let v = engine.var_named("fc1.grad", vec![1.0f64; 32]);
+    if rank == 1 {
+        poison(engine, &v, "NaN on rank 1".into());
+    }
+    let r = comm
+        .all_reduce(&v)
+        .name("grad")
+        .push()
+        .unwrap()
+        .wait_timeout(limit);
+    let e = r.expect_err("failed on every rank");
+    assert!(chain(&e).contains("NaN on rank 1"), "rank {rank}: {e:?}");
+    if rank != 1 {
+        let m = collective_message(&Err::<(), _>(e)).unwrap();
+        // Rank 1's own words, its variable's id included.
+        let (head, tail) = m.split_once(" (var#").expect(&m);
+        assert_eq!(
+            head,
+            "grad: rank 1 failed its part (its op did not run: input `fc1.grad`"
+        );
+        assert!(
+            tail.ends_with(
+                ") was poisoned because op `load` failed: NaN on rank 1): the collective's \
+                 result is not valid"
+            ),
+            "{m}"
+        );
+    }
+
+    // A very long message is cut to 256 bytes at a character boundary.
+    let v = engine.var(vec![1u8; 8]);
+    let long = format!("NaN on rank 1 {}", "é".repeat(400));
+    if rank == 1 {
+        poison(engine, &v, long.clone());
+    }
+    let r = comm.all_reduce(&v).push().unwrap().wait_timeout(limit);
+    if rank != 1 {
+        let m = collective_message(&r).unwrap_or_else(|| panic!("rank {rank}: {r:?}"));
+        let start = m.find("input var#").expect(&m);
+        let end = m.find("…)").expect(&m) + "…".len();
+        let words = &m[start..end];
+        assert!(words.len() <= 256, "{} bytes: {words}", words.len());
+        assert!(words.len() > 250, "cut short: {} bytes", words.len());
+        assert!(words.contains("NaN on rank 1 éé"), "{words}");
+        assert!(long.starts_with(&words[words.find("NaN").unwrap()..end - start - "…".len()]));
+    }
+
+    // Eight in flight; rank 1 fails collectives 2 and 5 with words of
+    // their own, rank 2 (if any) fails 5 too.
+    let vars: Vec<Var<Vec<u32>>> = (0..8).map(|i| engine.var(vec![i; 50])).collect();
+    for i in [2, 5] {
+        if rank == 1 || (rank == 2 && i == 5) {
+            poison(engine, &vars[i], format!("NaN in {i} on rank {rank}"));
+        }
+    }
+    let handles: Vec<_> = vars
+        .iter()
+        .map(|v| comm.all_reduce(v).push().unwrap())
+        .collect();
+    for (i, mut h) in handles.into_iter().enumerate() {
+        let r = h.wait_timeout(limit);
+        if i == 2 || i == 5 {
+            let e = r.expect_err("failed on every rank");
+            let own = rank == 2 && i == 5;
+            let want = format!("NaN in {i} on rank {}", if own { 2 } else { 1 });
+            assert!(chain(&e).contains(&want), "rank {rank}, {i}: {e:?}");
+        } else {
+            r.unwrap_or_else(|e| panic!("rank {rank}, collective {i}: {e:?}"));
+            let want = vec![i as u32 * size as u32; 50];
+            assert_eq!(engine.get(&vars[i]).wait().unwrap(), want);
+        }
+    }
+
+    // In step after: a plain all-reduce, and a ring (64 KiB and more).
+    for n in [16, 20_000] {
+        let w = engine.var(vec![3.0f64; n]);
+        comm.all_reduce(&w)
+            .push()
+            .unwrap()
+            .wait_timeout(limit)
+            .unwrap();
+        assert_eq!(engine.get(&w).wait().unwrap(), vec![3.0 * size as f64; n]);
     }
     engine.wait_all().wait().ok(); // the failures above, recorded
 }

@@ -9,7 +9,10 @@
 //! future's poll or drop, panics caught (`discard_body`): left to the task,
 //! it would be dropped under `async-task`'s guard, which aborts the process
 //! on a panic, and outside the op, where dropping the engine's last handle
-//! would wait for ops this very thread may have to run.
+//! would wait for ops this very thread may have to run. While a skipped
+//! op's body is dropped, the thread also knows why it was skipped
+//! ([`skipped_because`]): a body that must tell someone that it will not
+//! run (a collective's stand-in, `engine/collective.rs`) can say why.
 
 // `unsafe`: the future's pointer to its own task's op, and pin projection; each block says why it
 // is sound.
@@ -138,7 +141,7 @@ impl<B: Body, H: Host> OpFuture<B, H> {
         self.finished = true;
         // SAFETY: `body` is structurally pinned: the future is (in its
         // task), and `self` is its pinned place.
-        discard_body(op, unsafe { Pin::new_unchecked(&mut self.body) }, host);
+        discard_skipped(op, unsafe { Pin::new_unchecked(&mut self.body) }, host, &why);
         skip(op, why, host)
     }
 }
@@ -172,6 +175,18 @@ pub(super) fn discard_body<B: Body, H: Host>(op: &OpBlock, body: Pin<&mut B>, ho
     }
 }
 
+/// [`discard_body`] for an op skipped for `why`, which
+/// [`skipped_because`] tells what the body drops meanwhile.
+pub(super) fn discard_skipped<B: Body, H: Host>(
+    op: &OpBlock,
+    body: Pin<&mut B>,
+    host: &H,
+    why: &Skip,
+) {
+    let _skipped = Skipping::enter(why);
+    discard_body(op, body, host);
+}
+
 /// Polls the op's body, marked as the thread's current op, panics caught.
 #[inline]
 pub(super) fn run_body<B: Body>(
@@ -194,6 +209,41 @@ pub(super) fn run_body<B: Body>(
 
 crate::loom::thread::thread_local! {
     static CURRENT: std::cell::Cell<*const OpBlock> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+crate::loom::thread::thread_local! {
+    /// Why the op whose body this thread is dropping was skipped (null
+    /// unless one is: see [`discard_skipped`]).
+    static SKIPPED: std::cell::Cell<*const Skip> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// Marks the calling thread as dropping a skipped op's body until dropped.
+struct Skipping(*const Skip);
+
+impl Skipping {
+    fn enter(why: &Skip) -> Self {
+        Skipping(SKIPPED.with(|c| c.replace(why)))
+    }
+}
+
+impl Drop for Skipping {
+    fn drop(&mut self) {
+        SKIPPED.with(|c| c.set(self.0));
+    }
+}
+
+/// Why the op whose body the calling thread is dropping did not run (a
+/// poisoned or deleted input, or cancelled), in words: `None` unless the
+/// thread is dropping a skipped op's body. For what a body holds that must
+/// tell others that the op will not run (a collective's ticket: its
+/// stand-in tells the other ranks why).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn skipped_because() -> Option<String> {
+    let why = SKIPPED.try_with(|c| c.get()).ok()?;
+    // SAFETY: `SKIPPED` is set only while `discard_skipped` drops a body on
+    // this thread, during which the `Skip` it points to (its argument) is
+    // alive.
+    unsafe { why.as_ref() }.map(Skip::describe)
 }
 
 /// Marks the calling thread as running an op's body until dropped.

@@ -65,6 +65,8 @@ pub(crate) use self::decl::edges;
 pub(crate) use self::decl::{distinct_edges, recorded_edges};
 pub use self::device_buffer::DeviceBuffer;
 pub(crate) use self::device_buffer::{DeviceArena, DeviceArenas};
+#[cfg(feature = "mpi")]
+pub(crate) use self::future::skipped_because;
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, Units, new_host_id};
 pub use self::operand::{Operand, TypedVar};

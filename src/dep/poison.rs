@@ -35,6 +35,22 @@ pub(crate) enum Skip {
     Cancelled,
 }
 
+impl Skip {
+    /// Why the op did not run, in words: for a poisoned input, which one,
+    /// and the original failure with its op's error (as
+    /// `Error::Poisoned` says it).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Skip::Poisoned { input, cause } => {
+                format!("input {input} was poisoned because {cause}")
+            }
+            Skip::Deleted(var, ..) => format!("{var} was deleted before the op ran"),
+            Skip::Cancelled => "the op was cancelled before it ran".into(),
+        }
+    }
+}
+
 impl OpBlock {
     /// Whether the op may run: the first poisoned or deleted input, in edge
     /// order, if not. `streams`: the engine has stream devices, so failed

@@ -28,7 +28,7 @@ use std::task::{Context, Poll};
 use super::block::OpBlock;
 use super::body::Body;
 use super::ctx::Env;
-use super::future::{discard_body, run_body};
+use super::future::{discard_body, discard_skipped, run_body};
 use super::host::{Host, Units};
 use super::lifecycle::{
     Outcome, abandon, dropping_failed, finish, host, lease_dropped, release_edges, retire, skip,
@@ -218,7 +218,12 @@ impl<B: Body, H: Host> Future for StreamOpFuture<B, H> {
                     .expect("a poisoned input stays poisoned, a cancelled op cancelled");
                 this.stage = Stage::Finished;
                 // SAFETY: `body` is pinned with `this`.
-                discard_body(op, unsafe { Pin::new_unchecked(&mut this.body) }, host);
+                discard_skipped(
+                    op,
+                    unsafe { Pin::new_unchecked(&mut this.body) },
+                    host,
+                    &why,
+                );
                 return Poll::Ready(Err(skip(op, why, host)));
             }
             host.on_started(op);

@@ -360,6 +360,55 @@ impl Drop for VarHold {
 /// assert_eq!(weights.version(), 0);
 /// assert_ne!(rng_state.id(), weights.id());
 /// ```
+///
+/// **Dropping the last handle.** A variable lives while a handle to it, an
+/// op pushed on it that has not retired, or a recorded [`Graph`] that
+/// uses it is left. Drop the last handle while ops on it are pending, and
+/// they still run on it; its value is dropped (with the units it holds,
+/// [`OpBuilder::allocates`]) when the last of them retires, on the thread
+/// that retires it, before that op's handle resolves; with none pending
+/// (and no graph), at once. Nothing leaks, and no
+/// [`delete_var`](crate::Engine::delete_var) is needed. (A value whose
+/// drop panics there is reported by [`wait_all`](crate::Engine::wait_all)
+/// as a failure of that op.)
+///
+/// ```
+/// use std::sync::mpsc;
+///
+/// /// Says when it is dropped.
+/// struct Tell(mpsc::Sender<&'static str>);
+/// impl Drop for Tell {
+///     fn drop(&mut self) {
+///         self.0.send("value dropped").unwrap();
+///     }
+/// }
+///
+/// let engine = depflow::Engine::new();
+/// let (tx, said) = mpsc::channel();
+/// let v = engine.var(Tell(tx.clone()));
+/// let (open, gate) = mpsc::channel::<()>();
+/// let k = v.key();
+/// let op = engine.op().mutates(&[&v]).run(move |ctx| {
+///     gate.recv().unwrap(); // still pending when the handle goes
+///     let _value = ctx.write(k)?;
+///     tx.send("op ran").unwrap();
+///     Ok(())
+/// })?;
+/// drop(v); // the last handle: the value stays for the op
+/// assert!(said.try_recv().is_err());
+/// open.send(()).unwrap();
+/// op.wait()?; // it retired: the value went with it
+/// assert_eq!(said.try_iter().collect::<Vec<_>>(), ["op ran", "value dropped"]);
+///
+/// // With no op pending, the value goes with the handle.
+/// let (tx, said) = mpsc::channel();
+/// drop(engine.var(Tell(tx)));
+/// assert_eq!(said.try_recv(), Ok("value dropped"));
+/// # Ok::<(), depflow::Error>(())
+/// ```
+///
+/// [`Graph`]: crate::Graph
+/// [`OpBuilder::allocates`]: crate::OpBuilder::allocates
 pub struct Var<T = ()> {
     inner: Arc<VarInner<T>>,
 }

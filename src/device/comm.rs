@@ -39,7 +39,9 @@
 //! collectives in the same order: each collective's ticket, taken at push,
 //! fixes its place, and a ticket dropped unsubmitted (this rank failed)
 //! still takes its place with a stand-in, so that every rank learns of the
-//! failure instead of waiting forever (`order.rs`).
+//! failure instead of waiting forever (`order.rs`), and the failed rank's
+//! own message, broadcast on a second duplicate of the communicator, in an
+//! issue order of its own (`calls.rs`, `order.rs`).
 //!
 //! **Threads.** Every MPI call of this module is made under the state lock
 //! (issuing on the thread that submits, testing on the progress thread),
@@ -160,17 +162,27 @@ impl Comm {
         }
         let in_place = in_place()?;
         // SAFETY: rsmpi's null communicator, a plain value.
-        let mut raw = unsafe { ffi::RSMPI_COMM_NULL };
+        let (mut raw, mut messages) = unsafe { (ffi::RSMPI_COMM_NULL, ffi::RSMPI_COMM_NULL) };
         let (mut size, mut rank) = (0, 0);
         // SAFETY: `comm` is a live communicator (the caller's); `raw`,
-        // `size` and `rank` are written by MPI.
+        // `messages`, `size` and `rank` are written by MPI.
         unsafe {
             check(ffi::MPI_Comm_dup(comm, &mut raw))?;
             check(ffi::MPI_Comm_set_errhandler(raw, ffi::RSMPI_ERRORS_RETURN))?;
+            check(ffi::MPI_Comm_dup(comm, &mut messages))?;
+            check(ffi::MPI_Comm_set_errhandler(
+                messages,
+                ffi::RSMPI_ERRORS_RETURN,
+            ))?;
             check(ffi::MPI_Comm_size(raw, &mut size))?;
             check(ffi::MPI_Comm_rank(raw, &mut rank))?;
         }
-        let shared = Arc::new(Shared::new(raw, in_place, rank as usize, size as usize));
+        let shared = Arc::new(Shared::new(
+            (raw, messages),
+            in_place,
+            rank as usize,
+            size as usize,
+        ));
         let thread = Arc::new(Threads::default());
         thread
             .spawn(format!("{name}-mpi"), {
@@ -197,6 +209,7 @@ impl Comm {
             n: self.shared.next_ticket.fetch_add(1, Relaxed),
             spec: Spec::of::<T>(what),
             reason: Reason::Skipped,
+            why: None,
             used: false,
         }
     }
@@ -209,7 +222,7 @@ impl Comm {
         mut ticket: Ticket,
         buf: Vec<T>,
     ) -> Completion<T> {
-        let pending = Arc::new(Pending::new(ticket.spec.what, self.size(), buf));
+        let pending = Arc::new(Pending::new(ticket.spec.what, ticket.n, self.size(), buf));
         ticket.used = true;
         let failed = self.shared.fill(ticket.n, Slot::Submitted(pending.clone()));
         finish(failed);

@@ -23,9 +23,9 @@ use mpi::traits::{AsRaw, Equivalence};
 
 use super::facade::Engine;
 use super::handle::OpHandle;
-use crate::dep::{Device, OpCtx, Var};
+use crate::dep::{Device, OpCtx, Var, VarKey};
 pub use crate::device::comm::ReduceOp;
-use crate::device::comm::{Collective, Comm};
+use crate::device::comm::{Collective, Comm, Reason, Ticket};
 use crate::error::{BoxError, Error};
 
 /// An MPI communicator whose collectives are pushed as engine ops (the `mpi`
@@ -61,10 +61,14 @@ use crate::error::{BoxError, Error};
 /// collective carries a small status word (an `MPI_Iallreduce` of two
 /// `i64`s, issued just before its data) that tells every rank whether some
 /// rank failed. So the collective fails on *every* rank, with
-/// [`Error::Collective`] naming the lowest failing rank and why (that rank
+/// [`Error::Collective`] naming the lowest failing rank and carrying its
+/// own failure in words, up to 256 bytes (cut with an ellipsis), e.g.
+/// ``grad: rank 1 failed its part (its op did not run: an input was
+/// poisoned because op `load` failed: NaN on rank 1): …`` (that rank
 /// itself reports its own failure), its outputs poisoned, and the ranks
 /// stay in step for the collectives after it: a failure propagates instead
-/// of leaving the other ranks waiting forever in MPI.
+/// of leaving the other ranks waiting forever in MPI. The words cost one
+/// more small broadcast, made only when a rank failed.
 ///
 /// **MPI's setup.** MPI must be initialised with
 /// [`Threading::Serialized`](mpi::Threading::Serialized) at least (every
@@ -89,9 +93,36 @@ use crate::error::{BoxError, Error};
 /// finalised (the drop of rsmpi's `Universe`): drop the communicator, and
 /// shut the engine down, before the `Universe`.
 ///
+/// **rsmpi beside it.** depflow re-exports the rsmpi crate it is built
+/// against as [`depflow::mpi`](crate::mpi): use that to initialise MPI and
+/// make the communicator, rather than a dependency of your own on `mpi`
+/// (whose types are depflow's only at exactly depflow's version, 0.8.2).
+/// rsmpi's `Communicator` trait (for `rank()`, `size()` and its own
+/// collectives on `world`) has this type's name: import it unnamed, as
+/// below, or under another name:
+///
 /// ```no_run
+/// use depflow::mpi::topology::Communicator as MpiCommunicator;
 /// use depflow::{Communicator, Engine};
-/// use mpi::traits::Communicator as _;
+///
+/// fn ranks(world: &impl MpiCommunicator) -> i32 {
+///     world.size()
+/// }
+///
+/// let (universe, _) =
+///     depflow::mpi::initialize_with_threading(depflow::mpi::Threading::Serialized).unwrap();
+/// let world = universe.world();
+/// let engine = Engine::new();
+/// let comm = Communicator::new(&engine, &world)?;
+/// assert_eq!(comm.size(), ranks(&world) as usize);
+/// # Ok::<(), depflow::Error>(())
+/// ```
+///
+/// An all-reduce, and the unnamed import:
+///
+/// ```no_run
+/// use depflow::mpi::traits::Communicator as _;
+/// use depflow::{Communicator, Engine, mpi};
 ///
 /// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Multiple).unwrap();
 /// let world = universe.world();
@@ -335,33 +366,78 @@ where
         let input = self.input.map(Var::key);
         let backend = comm.comm.clone();
         // Its place in the issue order: taken now, in push order. If the
-        // body never runs (skipped, cancelled, a failed push), dropping it
-        // issues a stand-in in its place, telling the other ranks.
-        let ticket = backend.ticket::<T>(what);
+        // body never submits (skipped, cancelled, a failed push, refusing
+        // the collective), dropping it issues a stand-in in its place,
+        // telling the other ranks why.
+        let mut ticket = Unsubmitted(Some(backend.ticket::<T>(what)));
         op.run_async(move |ctx: OpCtx| async move {
             let fail =
                 |m: String| -> BoxError { Box::new(Error::Collective(format!("{label}: {m}"))) };
-            let mut buf = std::mem::take(&mut *ctx.write(out)?);
-            if let Some(input) = input {
-                let input = ctx.read(input)?;
-                let n = input.len();
-                if buf.is_empty() {
-                    buf.reserve_exact(n * size);
-                    (0..size).for_each(|_| buf.extend_from_slice(&input));
-                } else if buf.len() != n * size {
-                    let len = buf.len();
-                    *ctx.write(out)? = buf;
+            let buf = match prepare(&ctx, out, input, (rank, size), fail) {
+                Ok(buf) => buf,
+                Err(e) => {
                     // A stand-in takes this rank's part, telling the others.
-                    ticket.refuse();
-                    return Err(fail(format!(
-                        "the output holds {len} elements, not {size} rank(s) x {n} (the input)"
-                    )));
+                    ticket.take().fail(Reason::Refused, e.to_string());
+                    return Err(e);
                 }
-                buf[rank * n..(rank + 1) * n].copy_from_slice(&input);
-            }
-            let (buf, outcome) = backend.submit(ticket, buf).await;
+            };
+            let (buf, outcome) = backend.submit(ticket.take(), buf).await;
             *ctx.write(out)? = buf;
             outcome.map_err(fail)
         })
+    }
+}
+
+/// What a collective's body hands MPI: the buffer moved out of `out`,
+/// with this rank's block copied from `input` for an all-gather (an empty
+/// output sized first). `Err`: the body refuses the collective (`out`
+/// keeps its value).
+fn prepare<T: Copy + Send + Sync + 'static>(
+    ctx: &OpCtx,
+    out: VarKey<Vec<T>>,
+    input: Option<VarKey<Vec<T>>>,
+    (rank, size): (usize, usize),
+    fail: impl Fn(String) -> BoxError,
+) -> Result<Vec<T>, BoxError> {
+    let mut buf = std::mem::take(&mut *ctx.write(out)?);
+    if let Some(input) = input {
+        let input = ctx.read(input)?;
+        let n = input.len();
+        if buf.is_empty() {
+            buf.reserve_exact(n * size);
+            (0..size).for_each(|_| buf.extend_from_slice(&input));
+        } else if buf.len() != n * size {
+            let len = buf.len();
+            *ctx.write(out)? = buf;
+            return Err(fail(format!(
+                "the output holds {len} elements, not {size} rank(s) x {n} (the input)"
+            )));
+        }
+        buf[rank * n..(rank + 1) * n].copy_from_slice(&input);
+    }
+    Ok(buf)
+}
+
+/// A collective's ticket until its body submits its buffer. Dropped with
+/// it unsubmitted (the op skipped, or dropped before it ran), the ticket's
+/// stand-in takes this rank's part, saying why the op was skipped when the
+/// engine says (`dep::skipped_because`).
+struct Unsubmitted(Option<Ticket>);
+
+impl Unsubmitted {
+    /// The ticket, to submit or give up (once).
+    fn take(&mut self) -> Ticket {
+        self.0.take().expect("a collective's ticket is taken once")
+    }
+}
+
+impl Drop for Unsubmitted {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.0.take() {
+            match crate::dep::skipped_because() {
+                Some(why) => ticket.fail(Reason::Skipped, why),
+                None => drop(ticket),
+            }
+        }
     }
 }

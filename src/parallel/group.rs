@@ -280,6 +280,67 @@ impl GroupBuilder {
     /// Gradients are reduced in buckets of at most `bytes`: consecutive
     /// parameters, filled from the last one back (the order backward
     /// writes them), a larger one alone. `0`: one bucket per parameter.
+    ///
+    /// **The order of the sum.** A bucket is summed as one buffer: each
+    /// device's gradients of its parameters concatenated in parameter
+    /// order, cut into chunks by the ring ([`serial_sum`](super::serial_sum)
+    /// of those concatenations, bit for bit, with either [`Update`]). So
+    /// [`serial_sum`](super::serial_sum) of one parameter's gradients alone
+    /// gives its sum's bits only where the parameter is a bucket of its own
+    /// (with `0`, always); in a shared bucket its elements fall in other
+    /// chunks, whose folds start at other devices, and agree only where the
+    /// sums are exact:
+    ///
+    /// ```
+    /// use depflow::parallel::{Group, serial_sum};
+    /// use depflow::{Engine, Error, Executor};
+    ///
+    /// // Each device's gradients are its row: 5 floats of `a`, then 3 of
+    /// // `b`. Element 1 of `a` is 1 + 1e8 - 1e8 in some order: 0 or 1.
+    /// let mut rows = [[0.0f32; 8]; 3];
+    /// (rows[0][1], rows[1][1], rows[2][1]) = (1.0, 1e8, -1e8);
+    /// let sums = |bucket_bytes| -> Result<[Vec<f32>; 2], Error> {
+    ///     let mut b = Engine::builder();
+    ///     for d in 0..3 {
+    ///         b = b.device(&format!("cpu{d}"), Executor::pool(1));
+    ///     }
+    ///     let engine = b.build()?;
+    ///     let devices = (0..3).map(|d| engine.device(&format!("cpu{d}")).unwrap());
+    ///     let mut group = Group::builder(&engine)
+    ///         .devices(devices)
+    ///         .input(8)
+    ///         .bucket_bytes(bucket_bytes)
+    ///         .optimizer(|w, g| w.copy_from_slice(g)) // the weights: the sum
+    ///         .build()?;
+    ///     let (a, b) = (group.param(&[0.0; 5])?, group.param(&[0.0; 3])?);
+    ///     group.load(vec![rows.concat()])?; // one row per device
+    ///     group.step(|s| {
+    ///         let (x, ga, gb) = (s.input(0).key(), s.grad(a).key(), s.grad(b).key());
+    ///         s.engine()
+    ///             .op()
+    ///             .on(s.device())
+    ///             .reads(&[s.input(0)])
+    ///             .mutates(&[s.grad(a), s.grad(b)])
+    ///             .run(move |ctx| {
+    ///                 let x = ctx.read(x)?;
+    ///                 ctx.write(ga)?.copy_from_slice(&x[..5]);
+    ///                 ctx.write(gb)?.copy_from_slice(&x[5..]);
+    ///                 Ok(())
+    ///             })?;
+    ///         s.grad_ready(b)?;
+    ///         s.grad_ready(a)
+    ///     })?;
+    ///     Ok([group.weights(a, 0)?, group.weights(b, 0)?])
+    /// };
+    /// let each = |r: std::ops::Range<usize>| serial_sum(&rows.each_ref().map(|x| &x[r.clone()]));
+    /// let whole = serial_sum(&rows.each_ref().map(|x| &x[..]));
+    /// // One bucket per parameter: each one's own serial_sum.
+    /// assert_eq!(sums(0)?, [each(0..5), each(5..8)]);
+    /// // One bucket of both: the concatenation's, which differs.
+    /// assert_eq!(sums(1 << 10)?, [whole[..5].to_vec(), whole[5..].to_vec()]);
+    /// assert_ne!(whole[..5], each(0..5));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn bucket_bytes(mut self, bytes: usize) -> Self {
         self.bucket_bytes = bytes;
         self

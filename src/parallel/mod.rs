@@ -36,7 +36,11 @@
 //!   rank holds the same sum (the order: [`AllReduce`]'s docs).
 //! - **update** ([`Update`]): the optimizer on every replica (the
 //!   default), or on the host once with a copy back to every replica. Both
-//!   sum in [`serial_sum`]'s order: the same weights, bit for bit.
+//!   sum in [`serial_sum`]'s order: the same weights, bit for bit. The
+//!   order is a bucket's: [`serial_sum`] of each device's gradients of the
+//!   bucket concatenated in parameter order, which is a parameter's own
+//!   [`serial_sum`] only where it is a bucket alone
+//!   ([`GroupBuilder::bucket_bytes`] shows both).
 //! - [`Overlap`]: how much of the all-reduce ran under compute, from a
 //!   trace.
 //!

@@ -51,6 +51,15 @@ pub fn chunk_range(len: usize, n: usize, c: usize) -> std::ops::Range<usize> {
 /// around the ring. What the ring all-reduce leaves on every device, bit
 /// for bit.
 ///
+/// Which buffer: a [`Group`](super::Group) sums a *bucket* as one, each
+/// device's gradients of its parameters concatenated in parameter order.
+/// Its sums are `serial_sum` of those concatenations; `serial_sum` of one
+/// parameter's gradients alone matches them only where that parameter is a
+/// bucket of its own (as with
+/// [`bucket_bytes(0)`](super::GroupBuilder::bucket_bytes), whose docs show
+/// both), or where the sums are exact: the chunks, and so where each fold
+/// starts, depend on the whole buffer.
+///
 /// # Panics
 ///
 /// If the buffers differ in length (the group checks its buffers first).

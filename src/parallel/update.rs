@@ -13,8 +13,10 @@
 //!   device writes them back into its replica (on a stream device, on its
 //!   host-to-device lane).
 //!
-//! Both sum in the same order and run the same optimizer on the same
-//! values: the weights are the same bits.
+//! Both sum in the same order (a bucket's gradients concatenated in
+//! parameter order, then [`serial_sum`](super::serial_sum): the host's sum
+//! is per bucket too, not per parameter) and run the same optimizer on the
+//! same values: the weights are the same bits.
 
 use std::sync::Arc;
 

@@ -22,6 +22,7 @@
 //!   fails the first step, on every rank alike;
 //! - `Update::Host` across ranks gives the on-device update's weights.
 
+use depflow::mpi;
 use depflow::parallel::{Group, Update, serial_sum};
 use depflow::{Communicator, Engine, Error, Executor};
 

@@ -1,6 +1,7 @@
 //! What one collective hands MPI: its *status word* and its data, two
 //! non-blocking calls issued back to back in the communicator's issue
-//! order, and what completes them.
+//! order (and, when a rank failed, that rank's message), and what
+//! completes them.
 //!
 //! **The status word.** Every collective is two MPI calls on every rank:
 //! first an `MPI_Iallreduce` (`MPI_MAX`) of two `i64`s, `[failure, len]`,
@@ -15,6 +16,16 @@
 //! the same order, whatever failed where, and every rank learns from the
 //! status word that some rank failed: the collective fails on every rank,
 //! naming the lowest failing rank and why.
+//!
+//! **The failed rank's message.** Once its status word is back saying that
+//! rank `r` failed (the lowest failing rank), every rank issues one more
+//! call, its *message* part: an `MPI_Ibcast` from `r` of
+//! [`MESSAGE_BYTES`] bytes, `r`'s own failure in words (its stand-in's:
+//! the poisoned input's failure, the body's error), cut at a character
+//! boundary with an ellipsis. It goes on the communicator's second
+//! duplicate, in ticket order (`order.rs` says when), so every rank's
+//! collective fails with `r`'s message; a collective that nothing failed
+//! makes no such call.
 //!
 //! **The data call** is MPI's non-blocking collective, except an
 //! all-reduce of [`RING_FROM`] bytes or more on 2 ranks or more: that is
@@ -43,11 +54,43 @@ use mpi::traits::{AsRaw, Equivalence};
 use super::ring::{RING_FROM, Ring, Step};
 use super::{Collective, Shared};
 
-/// Which of a collective's two calls a request is.
+/// Which of a collective's calls a request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Part {
     Status,
     Data,
+    /// The failed rank's message, only when the status word says a rank
+    /// failed.
+    Message,
+}
+
+/// The size of a failed rank's message (its [`Part::Message`]): its
+/// failure in UTF-8, cut to fit, the rest zeros.
+pub(crate) const MESSAGE_BYTES: usize = 256;
+
+/// `why` as a message buffer of [`MESSAGE_BYTES`]: cut at a character
+/// boundary with an ellipsis if longer, padded with zeros.
+fn encode_message(why: &str) -> Vec<u8> {
+    const MORE: &str = "…";
+    let mut buf = vec![0u8; MESSAGE_BYTES];
+    if why.len() <= MESSAGE_BYTES {
+        buf[..why.len()].copy_from_slice(why.as_bytes());
+    } else {
+        let mut end = MESSAGE_BYTES - MORE.len();
+        while !why.is_char_boundary(end) {
+            end -= 1;
+        }
+        buf[..end].copy_from_slice(&why.as_bytes()[..end]);
+        buf[end..end + MORE.len()].copy_from_slice(MORE.as_bytes());
+    }
+    buf
+}
+
+/// The message in a buffer [`encode_message`] made (trailing zeros
+/// dropped).
+fn decode_message(buf: &[u8]) -> String {
+    let end = buf.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// Why a rank did not take part with its own buffer (the low byte of the
@@ -63,13 +106,20 @@ pub(crate) enum Reason {
 }
 
 impl Reason {
+    /// What the failed rank did (`code`: the status word's low byte).
     fn from_code(code: i64) -> &'static str {
         match code {
-            1 => "its op did not run (a poisoned or deleted input, cancelled, or not pushed)",
-            2 => {
-                "its op refused the collective before issuing it (e.g. an all-gather output of the wrong length)"
-            }
+            1 => "its op did not run",
+            2 => "its op refused the collective before issuing it",
             _ => "an unknown reason",
+        }
+    }
+
+    /// Why, when the failed rank said nothing more.
+    pub(super) fn detail(self) -> &'static str {
+        match self {
+            Reason::Skipped => "a poisoned or deleted input, cancelled, or not pushed",
+            Reason::Refused => "e.g. an all-gather output of the wrong length",
         }
     }
 }
@@ -80,14 +130,26 @@ fn failure_word(rank: usize, size: usize, reason: Reason) -> i64 {
     ((size - rank) as i64) << 8 | reason as i64
 }
 
-/// The message for a status word that says some rank failed, or `None`.
-fn failed_rank(word: i64, size: usize) -> Option<String> {
+/// The failing rank a status word names (the root of the message part),
+/// if it names one of the communicator's `size` ranks.
+fn failed_root(word: i64, size: usize) -> Option<usize> {
+    let rank = size as i64 - (word >> 8);
+    (word > 0 && (0..size as i64).contains(&rank)).then_some(rank as usize)
+}
+
+/// The message for a status word that says some rank failed, with that
+/// rank's own words (`why`, empty if they did not come), or `None`.
+fn failed_rank(word: i64, size: usize, why: &str) -> Option<String> {
     (word != 0).then(|| {
         let rank = size as i64 - (word >> 8);
-        format!(
-            "rank {rank} failed its part ({}): the collective's result is not valid",
-            Reason::from_code(word & 0xff)
-        )
+        let what = Reason::from_code(word & 0xff);
+        if why.is_empty() {
+            format!("rank {rank} failed its part ({what}): the collective's result is not valid")
+        } else {
+            format!(
+                "rank {rank} failed its part ({what}: {why}): the collective's result is not valid"
+            )
+        }
     })
 }
 
@@ -124,8 +186,9 @@ impl Requests {
     }
 }
 
-/// A collective MPI works on: its two parts, each issued once and
-/// completed once. The data part may be several requests, in turn.
+/// A collective MPI works on: its two parts (three when its status word
+/// says a rank failed: the message), each issued once and completed once.
+/// The data part may be several requests, in turn.
 pub(super) trait InFlight: Send + Sync {
     /// Issues `part` (`tag`: the data call's own tag, for a ring); `Err`:
     /// MPI's error code, nothing left in flight.
@@ -150,8 +213,15 @@ pub(super) trait InFlight: Send + Sync {
     }
     /// The size of its data call on this rank, in bytes, for the issue
     /// order's limit on data in flight (`order.rs`): the same from before
-    /// its issue until its data part is done.
+    /// its issue until its data part is done. (A message part is not
+    /// data: it does not count.)
     fn bytes(&self) -> usize;
+    /// Its ticket: its place in the issue order.
+    fn ticket(&self) -> u64;
+    /// Once its status word is back without an error: the failing rank it
+    /// names, whose message the [`Part::Message`] then broadcasts; `None`
+    /// if nothing failed.
+    fn failed_root(&self) -> Option<usize>;
 }
 
 /// The status word's datatype and the call every collective makes first.
@@ -173,6 +243,31 @@ unsafe fn issue_status(shared: &Shared, word: *mut i64) -> Result<Requests, c_in
                 ffi::RSMPI_INT64_T,
                 ffi::RSMPI_MAX,
                 shared.raw,
+                request,
+            )
+        }
+    })
+}
+
+/// Broadcasts a failed rank's message, [`MESSAGE_BYTES`] at `buf`, from
+/// rank `root` on the messages' communicator.
+///
+/// # Safety
+///
+/// `buf` must hold [`MESSAGE_BYTES`] bytes and stay valid and untouched
+/// until the request completes; called under the state lock.
+unsafe fn issue_message(shared: &Shared, root: usize, buf: *mut u8) -> Result<Requests, c_int> {
+    start(|request| {
+        // SAFETY: the caller's promise on `buf`; `messages` is live (freed
+        // with `raw`), `root` one of its ranks (`failed_root`), called
+        // under the lock.
+        unsafe {
+            ffi::MPI_Ibcast(
+                buf.cast::<c_void>(),
+                MESSAGE_BYTES as c_int,
+                ffi::RSMPI_UINT8_T,
+                root as c_int,
+                shared.messages,
                 request,
             )
         }
@@ -280,6 +375,8 @@ const MPI_ERR_COUNT: c_int = ffi::MPI_ERR_COUNT as c_int;
 /// status word.
 pub(crate) struct Pending<T> {
     what: Collective,
+    /// Its ticket.
+    n: u64,
     /// The communicator's size (an all-gather's blocks, the status word).
     size: usize,
     /// `[0, len]` when issued; the maximum over the ranks once the status
@@ -293,6 +390,9 @@ pub(crate) struct Pending<T> {
     slot: Mutex<Outcome<T>>,
     /// The data call's ring, if it is one (set at its issue).
     ring: Mutex<Option<Ring>>,
+    /// The failed rank's message, received by its message part (allocated
+    /// only when some rank failed).
+    message: Mutex<Vec<u8>>,
 }
 
 // SAFETY: `word` is written by this rank's issue (under the state lock),
@@ -302,7 +402,8 @@ unsafe impl<T: Send> Sync for Pending<T> {}
 
 struct Outcome<T> {
     buf: Vec<T>,
-    /// Parts not done yet.
+    /// Parts not done yet: the status word and the data, and the message
+    /// once the status word says some rank failed.
     left: u8,
     /// The first part's failure.
     error: Option<String>,
@@ -311,9 +412,10 @@ struct Outcome<T> {
 }
 
 impl<T> Pending<T> {
-    pub(super) fn new(what: Collective, size: usize, buf: Vec<T>) -> Self {
+    pub(super) fn new(what: Collective, n: u64, size: usize, buf: Vec<T>) -> Self {
         Self {
             what,
+            n,
             size,
             word: UnsafeCell::new([0, 0]),
             bytes: std::mem::size_of_val(buf.as_slice()),
@@ -325,6 +427,7 @@ impl<T> Pending<T> {
                 waker: None,
             }),
             ring: Mutex::new(None),
+            message: Mutex::new(Vec::new()),
         }
     }
 
@@ -349,6 +452,35 @@ fn advance(ring: &Mutex<Option<Ring>>, shared: &Shared, outcome: Result<(), Stri
 fn leak_ring(ring: &Mutex<Option<Ring>>) {
     std::mem::forget(ring.lock().unwrap_or_else(|p| p.into_inner()).take());
 }
+
+/// Issues a message part into `message`, which holds `fill` (the root's
+/// own message) or zeros, from the rank `word` names.
+///
+/// # Safety
+///
+/// `word`'s status call has completed (MPI no longer writes it); called
+/// under the state lock.
+unsafe fn issue_message_into(
+    shared: &Shared,
+    word: *const [i64; 2],
+    message: &Mutex<Vec<u8>>,
+    fill: impl FnOnce(usize) -> Vec<u8>,
+) -> Result<Requests, c_int> {
+    // SAFETY: the caller's promise.
+    let root = failed_root(unsafe { (*word)[0] }, shared.size).ok_or(MPI_ERR_ROOT)?;
+    let mut buf = message.lock().unwrap_or_else(|p| p.into_inner());
+    *buf = fill(root);
+    buf.resize(MESSAGE_BYTES, 0);
+    let ptr = buf.as_mut_ptr();
+    drop(buf);
+    // SAFETY: `buf` holds MESSAGE_BYTES bytes and stays in its owner,
+    // untouched, until the message part is done (the progress thread keeps
+    // the owner).
+    unsafe { issue_message(shared, root, ptr) }
+}
+
+/// `MPI_ERR_ROOT`, for a status word that names no rank.
+const MPI_ERR_ROOT: c_int = ffi::MPI_ERR_ROOT as c_int;
 
 impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
     fn issue(&self, shared: &Shared, part: Part, tag: c_int) -> Result<Requests, c_int> {
@@ -381,6 +513,13 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
                 };
                 issue_data(shared, self.what, buf, tag, &self.ring)
             },
+            // SAFETY: the message part is issued once the status call
+            // completed; `message` is this collective's own.
+            Part::Message => unsafe {
+                issue_message_into(shared, self.word.get(), &self.message, |_| {
+                    vec![0; MESSAGE_BYTES]
+                })
+            },
         }
     }
 
@@ -394,8 +533,22 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
             std::mem::forget(std::mem::take(&mut slot.buf));
             leak_ring(&self.ring);
         }
-        if let Err(e) = outcome {
-            slot.error.get_or_insert(e);
+        if leak && part == Part::Message {
+            let mut message = self.message.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(std::mem::take(&mut *message));
+        }
+        if part == Part::Status && outcome.is_ok() && self.failed_root().is_some() {
+            // The progress thread issues (or fails) the message part: the
+            // collective waits for it too.
+            slot.left += 1;
+        }
+        match outcome {
+            // A lost message leaves the failure without its words (below).
+            Err(_) if part == Part::Message => {}
+            Err(e) => {
+                slot.error.get_or_insert(e);
+            }
+            Ok(()) => {}
         }
         slot.left -= 1;
         if slot.left > 0 {
@@ -403,11 +556,14 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
         }
         let result = match slot.error.take() {
             Some(e) => Err(e),
-            // SAFETY: both parts are done: MPI no longer writes `word`.
-            None => match failed_rank(unsafe { (*self.word.get())[0] }, self.size) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            },
+            None => {
+                let why = decode_message(&self.message.lock().unwrap_or_else(|p| p.into_inner()));
+                // SAFETY: every part is done: MPI no longer writes `word`.
+                match failed_rank(unsafe { (*self.word.get())[0] }, self.size, &why) {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
         };
         slot.result = Some(result);
         let waker = slot.waker.take();
@@ -420,6 +576,16 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
     fn bytes(&self) -> usize {
         self.bytes
     }
+
+    fn ticket(&self) -> u64 {
+        self.n
+    }
+
+    fn failed_root(&self) -> Option<usize> {
+        // SAFETY: called once the status call completed (the trait's
+        // promise): MPI no longer writes `word`.
+        failed_root(unsafe { (*self.word.get())[0] }, self.size)
+    }
 }
 
 /// What a rank issues in place of a collective it has no buffer for: the
@@ -427,6 +593,14 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
 /// buffer of the others' length. Made only on failure.
 pub(super) struct StandIn {
     what: Collective,
+    /// Its ticket.
+    n: u64,
+    /// This rank, and the communicator's size.
+    rank: usize,
+    size: usize,
+    /// Why this rank failed, in words: the message it broadcasts if it is
+    /// the lowest failing rank.
+    why: String,
     datatype: fn() -> ffi::MPI_Datatype,
     /// `size_of` the element type.
     elem: usize,
@@ -438,6 +612,9 @@ pub(super) struct StandIn {
     buf: Mutex<Vec<u64>>,
     /// The data call's ring, if it is one (as [`Pending`]'s).
     ring: Mutex<Option<Ring>>,
+    /// The message part's buffer: its own message if it is the failing
+    /// rank the status word names, else zeros that the root's overwrite.
+    message: Mutex<Vec<u8>>,
 }
 
 // SAFETY: as `Pending`'s `word`: written at issue, by MPI, then read by
@@ -470,15 +647,27 @@ impl Spec {
         }
     }
 
-    /// The stand-in of rank `rank` of `size`, failing for `reason`.
-    pub(super) fn stand_in(&self, rank: usize, size: usize, reason: Reason) -> StandIn {
+    /// The stand-in for ticket `n` of rank `rank` of `size`, failing for
+    /// `reason`, `why` in words.
+    pub(super) fn stand_in(
+        &self,
+        n: u64,
+        (rank, size): (usize, usize),
+        reason: Reason,
+        why: String,
+    ) -> StandIn {
         StandIn {
             what: self.what,
+            n,
+            rank,
+            size,
+            why,
             datatype: self.datatype,
             elem: self.elem,
             word: UnsafeCell::new([failure_word(rank, size, reason), 0]),
             buf: Mutex::new(Vec::new()),
             ring: Mutex::new(None),
+            message: Mutex::new(Vec::new()),
         }
     }
 }
@@ -509,6 +698,17 @@ impl InFlight for StandIn {
                     issue_data(shared, self.what, buf, tag, &self.ring)
                 }
             }
+            // SAFETY: the message part is issued once the status call
+            // completed; `message` is this stand-in's own.
+            Part::Message => unsafe {
+                issue_message_into(shared, self.word.get(), &self.message, |root| {
+                    if root == self.rank {
+                        encode_message(&self.why)
+                    } else {
+                        vec![0; MESSAGE_BYTES]
+                    }
+                })
+            },
         }
     }
 
@@ -522,6 +722,10 @@ impl InFlight for StandIn {
             std::mem::forget(std::mem::take(&mut *buf));
             leak_ring(&self.ring);
         }
+        if leak && part == Part::Message {
+            let mut message = self.message.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(std::mem::take(&mut *message));
+        }
     }
 
     fn data_after_status(&self) -> bool {
@@ -533,10 +737,19 @@ impl InFlight for StandIn {
     fn bytes(&self) -> usize {
         0
     }
+
+    fn ticket(&self) -> u64 {
+        self.n
+    }
+
+    fn failed_root(&self) -> Option<usize> {
+        // SAFETY: as `Pending`'s.
+        failed_root(unsafe { (*self.word.get())[0] }, self.size)
+    }
 }
 
 /// Resolves to the buffer and the collective's outcome, once MPI is done
-/// with both its calls.
+/// with all its calls.
 pub(crate) struct Completion<T>(pub(super) Arc<Pending<T>>);
 
 impl<T> std::fmt::Debug for Completion<T> {
@@ -573,16 +786,40 @@ mod tests {
             failure_word(1, size, Reason::Refused),
         ];
         let max = words.into_iter().max().unwrap();
-        let m = failed_rank(max, size).unwrap();
+        assert_eq!(failed_root(max, size), Some(1));
+        let m = failed_rank(max, size, "").unwrap();
         assert!(
             m.starts_with("rank 1 failed its part (its op refused"),
             "{m}"
         );
-        assert_eq!(failed_rank(0, size), None);
-        let m = failed_rank(failure_word(4, size, Reason::Skipped), size).unwrap();
-        assert!(
-            m.starts_with("rank 4 failed its part (its op did not run"),
-            "{m}"
+        assert_eq!(failed_rank(0, size, ""), None);
+        assert_eq!(failed_root(0, size), None);
+        let word = failure_word(4, size, Reason::Skipped);
+        assert_eq!(failed_root(word, size), Some(4));
+        let m = failed_rank(word, size, "NaN on rank 4").unwrap();
+        assert_eq!(
+            m,
+            "rank 4 failed its part (its op did not run: NaN on rank 4): the collective's result is not valid"
         );
+    }
+
+    #[test]
+    fn a_message_is_cut_to_its_bound_at_a_character_boundary() {
+        let short = "NaN on rank 1";
+        let buf = encode_message(short);
+        assert_eq!(buf.len(), MESSAGE_BYTES);
+        assert_eq!(decode_message(&buf), short);
+        // 2-byte characters: the cut falls inside one and moves back.
+        let long = "é".repeat(MESSAGE_BYTES);
+        let buf = encode_message(&long);
+        assert_eq!(buf.len(), MESSAGE_BYTES);
+        let got = decode_message(&buf);
+        assert!(got.len() <= MESSAGE_BYTES, "{}", got.len());
+        assert!(got.ends_with("é…"), "{got}");
+        assert_eq!(got.trim_end_matches('…'), "é".repeat(126));
+        // Exactly the bound: kept whole.
+        let full = "x".repeat(MESSAGE_BYTES);
+        assert_eq!(decode_message(&encode_message(&full)), full);
+        assert_eq!(decode_message(&[0; MESSAGE_BYTES]), "");
     }
 }

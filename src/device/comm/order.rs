@@ -29,11 +29,24 @@
 //! rank instead of leaving the others waiting forever in their calls, and
 //! the ranks stay in step for the collectives after it.
 //!
+//! **The failed rank's message.** A status word that comes back saying
+//! some rank failed adds a third call, the message part (`calls.rs`: an
+//! `MPI_Ibcast` from that rank of its failure in words). It goes on the
+//! communicator's second duplicate, whose calls must be in the same order
+//! on every rank too, but status words complete in no set order, and a
+//! rank whose op ran has issued later collectives by then while a failed
+//! one has not. So the message parts are issued in ticket order, each once
+//! no status word of an earlier ticket is in flight: every rank then issues
+//! the same message parts (the status word is the same everywhere) in the
+//! same order. A message part is not data: it does not count toward the
+//! limit on data in flight. Nothing of this happens unless a rank failed.
+//!
 //! Owns the line of tickets and what is in flight (the requests, the
-//! collective and part each is, the bytes of the data calls); `comm.rs`
-//! takes tickets and submits, `progress.rs` tests the requests and calls
-//! back in here when a stand-in's status word is back or data calls
-//! complete, `calls.rs` makes the calls.
+//! collective and part each is, the bytes of the data calls, the message
+//! parts waiting for earlier status words); `comm.rs` takes tickets and
+//! submits, `progress.rs` tests the requests and calls back in here when a
+//! status word is back or data calls complete, `calls.rs` makes the
+//! calls.
 
 // `unsafe`: the communicator's handle is sent between threads; the impls
 // say why that is sound.
@@ -64,6 +77,9 @@ pub(super) const MAX_DATA_IN_FLIGHT: usize = 64 << 10;
 /// thread.
 pub(super) struct Shared {
     pub(super) raw: ffi::MPI_Comm,
+    /// The second duplicate, for failed ranks' messages only (their own
+    /// issue order: see the module docs).
+    pub(super) messages: ffi::MPI_Comm,
     /// `MPI_IN_PLACE` of this MPI library (a macro, absent from rsmpi).
     pub(super) in_place: usize,
     pub(super) rank: usize,
@@ -76,8 +92,9 @@ pub(super) struct Shared {
     pub(super) scratch: Mutex<Vec<u64>>,
 }
 
-// SAFETY: `raw` is an MPI handle (a pointer in Open MPI) used only under
-// the state lock, or by the progress thread after the last submitter left.
+// SAFETY: `raw` and `messages` are MPI handles (pointers in Open MPI) used
+// only under the state lock, or by the progress thread after the last
+// submitter left.
 unsafe impl Send for Shared {}
 // SAFETY: as above.
 unsafe impl Sync for Shared {}
@@ -116,6 +133,10 @@ pub(super) struct State {
     pub(super) issued: u64,
     /// Why nothing more is issued (shut down, or MPI broken).
     pub(super) closed: Option<&'static str>,
+    /// Collectives whose status word came back saying a rank failed, in
+    /// ticket order, whose message part waits for an earlier ticket's
+    /// status word (see the module docs).
+    pub(super) messages: Vec<Arc<dyn InFlight>>,
 }
 
 /// What failed without reaching MPI (or whose part MPI refused), to be
@@ -130,6 +151,8 @@ pub(crate) struct Ticket {
     pub(super) spec: Spec,
     /// Why the stand-in stands in, if dropped unsubmitted.
     pub(super) reason: Reason,
+    /// And in words, if the op said ([`Ticket::fail`]).
+    pub(super) why: Option<String>,
     pub(super) used: bool,
 }
 
@@ -140,10 +163,13 @@ impl std::fmt::Debug for Ticket {
 }
 
 impl Ticket {
-    /// Gives the place up because the op refused the collective before
-    /// submitting: a stand-in takes part, saying so.
-    pub(crate) fn refuse(mut self) {
-        self.reason = Reason::Refused;
+    /// Gives the place up unsubmitted, for `reason`: a stand-in takes
+    /// part, telling every rank that this one failed, and `why` (cut to
+    /// [`MESSAGE_BYTES`](super::calls::MESSAGE_BYTES)) if this is the lowest
+    /// failing rank. (Dropped unsubmitted, it says its op did not run.)
+    pub(crate) fn fail(mut self, reason: Reason, why: String) {
+        self.reason = reason;
+        self.why = Some(why);
     }
 }
 
@@ -151,7 +177,14 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.used {
             let s = &self.shared;
-            let stand_in = Arc::new(self.spec.stand_in(s.rank, s.size, self.reason));
+            let why = self
+                .why
+                .take()
+                .unwrap_or_else(|| self.reason.detail().to_string());
+            let stand_in = Arc::new(
+                self.spec
+                    .stand_in(self.n, (s.rank, s.size), self.reason, why),
+            );
             let failed = s.fill(self.n, Slot::Submitted(stand_in));
             finish(failed);
         }
@@ -167,10 +200,17 @@ pub(super) fn finish(failed: Failed) {
 }
 
 impl Shared {
-    /// The state of communicator `raw`, nothing issued yet.
-    pub(super) fn new(raw: ffi::MPI_Comm, in_place: usize, rank: usize, size: usize) -> Self {
+    /// The state of communicator `raw` (and `messages`, its second
+    /// duplicate), nothing issued yet.
+    pub(super) fn new(
+        (raw, messages): (ffi::MPI_Comm, ffi::MPI_Comm),
+        in_place: usize,
+        rank: usize,
+        size: usize,
+    ) -> Self {
         Self {
             raw,
+            messages,
             in_place,
             rank,
             size,
@@ -186,6 +226,7 @@ impl Shared {
                 held: false,
                 issued: 0,
                 closed: None,
+                messages: Vec::new(),
             }),
             cv: Condvar::default(),
             scratch: Mutex::new(Vec::new()),
@@ -275,16 +316,56 @@ impl Shared {
         }
     }
 
-    /// A stand-in's status word came back (`ok`: without an error): its
-    /// data call goes out now (even if shut down since: the other ranks
-    /// wait for it), then the line behind it.
-    pub(super) fn status_back(
+    /// `p`'s status word came back (`ok`: without an error), its request
+    /// taken out of flight (the progress thread): a stand-in's data call
+    /// goes out (see [`status_back`](Self::status_back)); if it says a rank
+    /// failed, `p`'s message part waits its turn; the message parts whose
+    /// turn it is now go out.
+    pub(super) fn status_done(
         &self,
         st: &mut State,
         p: &Arc<dyn InFlight>,
         ok: bool,
         failed: &mut Failed,
     ) {
+        if p.data_after_status() {
+            self.status_back(st, p, ok, failed);
+        }
+        if ok && p.failed_root().is_some() {
+            let n = p.ticket();
+            let at = st.messages.partition_point(|q| q.ticket() < n);
+            st.messages.insert(at, p.clone());
+        }
+        if !st.messages.is_empty() {
+            self.issue_messages(st, failed);
+        }
+    }
+
+    /// Issues the message parts waiting, in ticket order, up to the first
+    /// whose ticket comes after a status word still in flight (even if shut
+    /// down since: the other ranks wait for them).
+    fn issue_messages(&self, st: &mut State, failed: &mut Failed) {
+        while let Some(first) = st.messages.first() {
+            let n = first.ticket();
+            let earlier_status_out = st
+                .in_flight
+                .iter()
+                .any(|(q, part)| *part == Part::Status && q.ticket() < n);
+            if earlier_status_out {
+                break;
+            }
+            let p = st.messages.remove(0);
+            match p.issue(self, Part::Message, 0) {
+                Ok(requests) => st.push(requests, p, Part::Message),
+                Err(rc) => failed.push((p, Part::Message, error_string(rc))),
+            }
+        }
+    }
+
+    /// A stand-in's status word came back (`ok`: without an error): its
+    /// data call goes out now (even if shut down since: the other ranks
+    /// wait for it), then the line behind it.
+    fn status_back(&self, st: &mut State, p: &Arc<dyn InFlight>, ok: bool, failed: &mut Failed) {
         st.held = false;
         if ok {
             self.issue_data(st, p.clone(), failed);
@@ -352,6 +433,8 @@ mod tests {
         ring: bool,
         /// The tag its data call was given.
         tag: StdMutex<Option<c_int>>,
+        /// The failing rank its status word names once back.
+        failed: Option<usize>,
     }
 
     impl InFlight for Fake {
@@ -381,11 +464,19 @@ mod tests {
         fn bytes(&self) -> usize {
             self.bytes
         }
+        /// Its id: the tests give them in ticket order.
+        fn ticket(&self) -> u64 {
+            u64::from(self.id)
+        }
+        fn failed_root(&self) -> Option<usize> {
+            self.failed
+        }
     }
 
     fn shared() -> Arc<Shared> {
         // SAFETY: rsmpi's null communicator, a plain value (unused).
-        Arc::new(Shared::new(unsafe { ffi::RSMPI_COMM_NULL }, 1, 0, 2))
+        let null = unsafe { ffi::RSMPI_COMM_NULL };
+        Arc::new(Shared::new((null, null), 1, 0, 2))
     }
 
     /// A ticket's place, filled by hand (a dropped `Ticket` would make a
@@ -407,6 +498,7 @@ mod tests {
             outcomes: StdMutex::new(Vec::new()),
             ring: false,
             tag: StdMutex::new(None),
+            failed: None,
         })
     }
 
@@ -414,7 +506,24 @@ mod tests {
         finish(s.fill(n, Slot::Submitted(f.clone())));
     }
 
-    use Part::{Data, Status};
+    use Part::{Data, Message, Status};
+
+    /// What the progress thread does when the status word of collective
+    /// `id` comes back (`ok`: without an error): its request taken out of
+    /// flight, then `status_done`.
+    fn status_back(s: &Shared, id: u32, ok: bool) -> Failed {
+        let mut failed = Vec::new();
+        let mut st = s.lock();
+        let i = st
+            .in_flight
+            .iter()
+            .position(|(p, part)| *part == Status && p.ticket() == u64::from(id))
+            .expect("its status word is in flight");
+        st.requests.swap_remove(i);
+        let (p, _) = st.in_flight.swap_remove(i);
+        s.status_done(&mut st, &p, ok, &mut failed);
+        failed
+    }
 
     /// The issue log of collectives `ids` issued one after the other, each
     /// its status word first.
@@ -456,11 +565,7 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), [(0, Status)]);
         submit(&s, t2, &f2);
         assert_eq!(log.lock().unwrap().len(), 1, "issued past a held line");
-        // What the progress thread does when the status word comes back.
-        let mut failed = Vec::new();
-        let p: Arc<dyn InFlight> = stand_in.clone();
-        s.status_back(&mut s.lock(), &p, true, &mut failed);
-        assert!(failed.is_empty());
+        assert!(status_back(&s, 0, true).is_empty());
         assert_eq!(*log.lock().unwrap(), status_then_data(&[0, 1, 2]));
         assert!(!s.lock().held);
     }
@@ -491,6 +596,56 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), status_then_data(&[0, 1, 2, 3]));
         assert_eq!(s.lock().data_bytes, 16 * MAX_DATA_IN_FLIGHT);
         assert!(failed.is_empty());
+    }
+
+    #[test]
+    fn a_failed_ranks_message_goes_out_in_ticket_order_once_no_earlier_status_word_is_out() {
+        let s = shared();
+        let log = Log::default();
+        let failing = |id| {
+            Arc::new(Fake {
+                failed: Some(1),
+                ..Arc::into_inner(fake(id, false, &log)).unwrap()
+            })
+        };
+        let (f0, f1, f2) = (failing(0), fake(1, false, &log), failing(2));
+        for f in [&f0, &f1, &f2] {
+            submit(&s, place(&s), f);
+        }
+        let issued = status_then_data(&[0, 1, 2]);
+        assert_eq!(*log.lock().unwrap(), issued);
+        // Collective 2's word is back first, saying rank 1 failed: its
+        // message waits for the earlier ones' words (another rank may see
+        // collective 0 fail first).
+        assert!(status_back(&s, 2, true).is_empty());
+        assert_eq!(*log.lock().unwrap(), issued);
+        // Collective 0's is back, failed too: its message goes, 2's waits
+        // for 1's word.
+        assert!(status_back(&s, 0, true).is_empty());
+        assert_eq!(log.lock().unwrap()[6..], [(0, Message)]);
+        // Collective 1's is back (nothing failed): 2's message goes.
+        assert!(status_back(&s, 1, true).is_empty());
+        assert_eq!(log.lock().unwrap()[6..], [(0, Message), (2, Message)]);
+        let st = s.lock();
+        assert!(st.messages.is_empty());
+        let count = |part| st.in_flight.iter().filter(|f| f.1 == part).count();
+        assert_eq!((count(Data), count(Message), count(Status)), (3, 2, 0));
+        // Messages are not data: the limit's count is the data calls'.
+        assert_eq!(st.data_bytes, 3 * 8);
+    }
+
+    #[test]
+    fn a_status_word_back_with_an_error_sends_no_message() {
+        let s = shared();
+        let log = Log::default();
+        let f = Arc::new(Fake {
+            failed: Some(0),
+            ..Arc::into_inner(fake(0, false, &log)).unwrap()
+        });
+        submit(&s, place(&s), &f);
+        assert!(status_back(&s, 0, false).is_empty());
+        assert_eq!(*log.lock().unwrap(), status_then_data(&[0]));
+        assert!(s.lock().messages.is_empty());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! A communicator's progress thread: it tests the outstanding requests,
 //! completes those done, issues a stand-in's data call once its status
-//! word came back (`order.rs`), posts a ring's next step once its last one
-//! is done (`ring.rs`), and frees the communicator once closed with
-//! nothing in flight.
+//! word came back, and a failed rank's message once its turn comes
+//! (`order.rs`), posts a ring's next step once its last one is done
+//! (`ring.rs`), and frees the communicator once closed with nothing in
+//! flight.
 //!
 //! **Progress.** Open MPI's non-blocking collectives progress only inside
 //! MPI calls, so while anything is in flight the thread keeps testing:
@@ -151,7 +152,7 @@ pub(super) fn progress(shared: &Shared) {
         while st.requests.is_empty() {
             if st.closed.is_some() {
                 drop(st);
-                free(shared.raw);
+                free([shared.raw, shared.messages]);
                 return;
             }
             if last_busy.elapsed() < LINGER {
@@ -203,6 +204,10 @@ pub(super) fn progress(shared: &Shared) {
                     done.push((p, part, Err(message.clone()), true));
                 }
             }
+            // Message parts waiting their turn: never issued.
+            for p in std::mem::take(&mut st.messages) {
+                failed.push((p, Part::Message, message.clone()));
+            }
             shared.issue_ready(&mut st, &mut failed);
         } else if outcount > 0 {
             // (MPI_UNDEFINED, negative, only when no request is active.)
@@ -221,9 +226,11 @@ pub(super) fn progress(shared: &Shared) {
                     Ok(())
                 };
                 if part == Part::Status {
-                    if p.data_after_status() {
-                        shared.status_back(&mut st, &p, outcome.is_ok(), &mut failed);
-                    }
+                    shared.status_done(&mut st, &p, outcome.is_ok(), &mut failed);
+                    done.push((p, part, outcome, false));
+                    continue;
+                }
+                if part == Part::Message {
                     done.push((p, part, outcome, false));
                     continue;
                 }
@@ -261,15 +268,18 @@ pub(super) fn progress(shared: &Shared) {
     }
 }
 
-/// Frees the duplicated communicator, unless MPI was finalised already.
-fn free(mut raw: ffi::MPI_Comm) {
+/// Frees the duplicated communicators, unless MPI was finalised already.
+fn free(raw: [ffi::MPI_Comm; 2]) {
     let mut finalized: c_int = 0;
     // SAFETY: MPI_Finalized may be called at any time; MPI_Comm_free on
-    // the communicator this module duplicated, with no request left on it.
+    // the communicators this module duplicated, with no request left on
+    // them.
     unsafe {
         ffi::MPI_Finalized(&mut finalized);
         if finalized == 0 {
-            ffi::MPI_Comm_free(&mut raw);
+            for mut raw in raw {
+                ffi::MPI_Comm_free(&mut raw);
+            }
         }
     }
 }
