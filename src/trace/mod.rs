@@ -30,7 +30,7 @@ pub(crate) use self::record::{DEFAULT_EVENTS_PER_THREAD, Recorder};
 #[cfg(feature = "tracing")]
 pub(crate) use self::spans::Spans;
 pub(crate) use self::timeline::{EngineInfo, assemble};
-pub use self::timeline::{ResourceTrack, Slice, Trace, TracedOp, Track};
+pub use self::timeline::{ReplayedOp, ResourceTrack, Slice, Trace, TracedOp, Track};
 pub(crate) use self::track::{Tracker, note_awaited};
 pub use self::waits::{Cycle, Needs};
 pub(crate) use self::waits::{STUCK_AFTER, analyse};
