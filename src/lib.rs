@@ -147,8 +147,8 @@ pub use crate::graph::{EdgeKind, GraphEdge, GraphOp, MemoryPlan, Order, PlannedB
 pub use crate::resource::Resource;
 pub use crate::stream::{Lane, Stream};
 pub use crate::trace::{
-    Cycle, Diagnostics, Needs, OpReport, OpState, ResourceReport, ResourceTrack, Slice, Trace,
-    TracedOp, Track,
+    Cycle, Diagnostics, Needs, OpReport, OpState, ReplayedOp, ResourceReport, ResourceTrack, Slice,
+    Trace, TracedOp, Track,
 };
 /// The rsmpi crate (`mpi` 0.8.2) that [`Communicator`] is built on (the
 /// `mpi` feature): initialise MPI and make communicators with it, so that

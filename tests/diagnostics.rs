@@ -7,7 +7,7 @@ use std::sync::mpsc;
 
 use common::held::held_op;
 use common::traced::{held_named_op, tracked_engine};
-use common::units::allocate;
+use common::units::{Abandoned, allocate, loads_pushed_before_their_consumers};
 use common::within;
 use depflow::{BoxError, Cycle, Engine, Needs, OpState};
 
@@ -322,4 +322,142 @@ fn a_report_chains_each_wait_to_the_op_holding_the_variable() {
     open.send(()).unwrap();
     let e = engine.clone();
     within(10, move || e.wait_all().wait()).unwrap();
+}
+
+/// Loads pushed before their consumers on too few units (see
+/// `loads_pushed_before_their_consumers`): the deadlock is named as a
+/// cycle: which op waits for which units, held by which variable, given
+/// back only by an op pushed after it that waits for it; and what to do
+/// about it.
+#[test]
+fn loads_pushed_before_their_consumers_are_a_named_units_cycle() {
+    let engine = Abandoned(tracked_engine(2));
+    let bufs = loads_pushed_before_their_consumers(&engine);
+    let report = report_when(&engine, |r| {
+        r.ops()
+            .unwrap()
+            .iter()
+            .filter(|o| matches!(o.state(), OpState::Units(_)))
+            .count()
+            == 4
+    });
+    let text = report.to_string();
+    println!("{text}");
+    let preprocess = Needs::Variable(bufs[0].id());
+    assert_eq!(
+        report.cycles(),
+        [Cycle::Ops(vec![
+            (
+                "`load 2`".into(),
+                Needs::Freed {
+                    resource: "memory".into(),
+                    var: bufs[0].id()
+                }
+            ),
+            ("`delete_var`".into(), preprocess),
+            ("`preprocess 0`".into(), Needs::Turn("memory".into())),
+        ])],
+        "{text}"
+    );
+    for line in [
+        "deadlock: `load 2` waits for units of `memory` held by `buf0` (var#",
+        "), which only `delete_var` gives back; `delete_var` waits for `buf0` (var#",
+        "), held by `preprocess 0`; `preprocess 0` waits for its turn for units of `memory`, \
+         after `load 2`: none of them can go on",
+        "pushed after",
+        "does not fit `memory` when run serially",
+        "push each consumer",
+        "more units",
+    ] {
+        assert!(text.contains(line), "no `{line}` in:\n{text}");
+    }
+    // Op by op, each chain goes on from a variable's units to the op that
+    // gives them back.
+    for line in [
+        "-> `load 2` waits for 1 of `memory` (0 of 2 free), held by variable `buf0` (var#",
+        ") (given back by `delete_var`), variable `buf1` (var#",
+        ") (given back by `delete_var`) -> `delete_var` waits for `buf0` (var#",
+    ] {
+        assert!(text.contains(line), "no `{line}` in:\n{text}");
+    }
+}
+
+/// The same program with ops running that hold units, and preprocess ops
+/// that allocate nothing: a busy resource, and buffers that ops pushed
+/// later free, but those go on without the loads waiting: no cycle, and
+/// it runs to the end once the running ops do.
+#[test]
+fn a_busy_resource_is_no_deadlock() {
+    let engine = tracked_engine(4);
+    let memory = engine.new_resource("memory", 2);
+    let mut gates = Vec::new();
+    for i in 0..2 {
+        let (open, gate) = mpsc::channel::<()>();
+        gates.push(open);
+        let gate = std::sync::Mutex::new(gate);
+        let v = engine.new_var();
+        engine
+            .op()
+            .name(format!("busy {i}"))
+            .mutates(&[&v])
+            .uses(&memory, 1)
+            .run(move |_| -> Result<(), BoxError> { Ok(gate.lock().unwrap().recv()?) })
+            .unwrap();
+    }
+    let ok = |_: &depflow::OpCtx| Ok::<_, BoxError>(());
+    let bufs: Vec<_> = (0..4)
+        .map(|i| engine.var_named(format!("buf{i}"), ()))
+        .collect();
+    for (i, buf) in bufs.iter().enumerate() {
+        engine
+            .op()
+            .name(format!("load {i}"))
+            .mutates(&[buf])
+            .allocates(&memory, 1, buf)
+            .run(ok)
+            .unwrap();
+    }
+    let out = engine.new_var();
+    for (i, buf) in bufs.iter().enumerate() {
+        engine
+            .op()
+            .name(format!("preprocess {i}"))
+            .reads(&[buf])
+            .mutates(&[&out])
+            .run(ok)
+            .unwrap();
+        engine.delete_var(buf, drop).unwrap();
+    }
+    let report = report_when(&engine, |r| {
+        r.ops()
+            .unwrap()
+            .iter()
+            .filter(|o| o.state() == &OpState::Running)
+            .count()
+            == 2
+            && r.ops()
+                .unwrap()
+                .iter()
+                .filter(|o| matches!(o.state(), OpState::Units(_)))
+                .count()
+                == 4
+    });
+    let text = report.to_string();
+    assert!(report.cycles().is_empty(), "{text}");
+    assert!(!text.contains("deadlock"), "{text}");
+    for gate in gates {
+        gate.send(()).unwrap();
+    }
+    // Midway (the first loads hold both units, the third waits for a
+    // delete pushed after it): never a cycle.
+    let e = engine.clone();
+    within(10, move || {
+        while e.in_flight() > 0 {
+            let report = e.diagnostics();
+            assert!(report.cycles().is_empty(), "{report}");
+        }
+        e.wait_all().wait()
+    })
+    .unwrap();
+    assert_eq!(memory.in_use(), 0);
 }

@@ -142,7 +142,7 @@ fn ops_are_spans_inside_the_pushers_span() {
             .tracing_spans(true)
             .build()
             .unwrap();
-        let (a, b) = (engine.new_var(), engine.new_var());
+        let (a, b) = (engine.var_named("a", ()), engine.new_var());
         let open = {
             let _step = tracing::info_span!("step").entered();
             let open = held_named_op(&engine, "produce", &a);
@@ -157,6 +157,17 @@ fn ops_are_spans_inside_the_pushers_span() {
         };
         open.send(()).unwrap();
         engine.wait_all().wait().unwrap();
+        // A replay: its recorded op is a span inside the replay's.
+        let graph = engine
+            .record(|rec| {
+                rec.op()
+                    .name("recorded")
+                    .reads(&[&a])
+                    .mutates(&[&b])
+                    .run(|_| Ok(()))
+            })
+            .unwrap();
+        graph.replay().wait().unwrap();
 
         let seen = seen.lock().unwrap();
         let id_of = |name: &str| {
@@ -183,9 +194,23 @@ fn ops_are_spans_inside_the_pushers_span() {
             );
             assert_eq!(fields["device"], "cpu");
         }
+        // Variables by name where they have one.
+        let number = |v: &depflow::Var| {
+            v.id()
+                .to_string()
+                .rsplit('#')
+                .next()
+                .unwrap()
+                .trim_end_matches(')')
+                .to_string()
+        };
         assert_eq!(
             seen.spans[&consume].1["reads"],
-            format!("[{}]", a.id().to_string().trim_start_matches("var#"))
+            format!("[`a` (var#{})]", number(&a))
+        );
+        assert_eq!(
+            seen.spans[&consume].1["mutates"],
+            format!("[var#{}]", number(&b))
         );
         // Entered once while the body ran, and exited on the same thread.
         for op in [produce, consume] {
@@ -207,5 +232,22 @@ fn ops_are_spans_inside_the_pushers_span() {
                 .collect()
         };
         assert_eq!(events_of(consume), ["ready", "ended"]);
+
+        let (replay, recorded) = (id_of("replay"), id_of("recorded"));
+        let (_, fields, parent) = &seen.spans[&recorded];
+        assert_eq!(
+            *parent,
+            Some(replay),
+            "a recorded op's span is its replay's child"
+        );
+        assert_eq!(fields["recorded"], "true");
+        assert_eq!(fields["reads"], format!("[`a` (var#{})]", number(&a)));
+        let marks: Vec<_> = seen
+            .enters
+            .iter()
+            .filter(|(s, _, _)| *s == recorded)
+            .collect();
+        assert_eq!(marks.len(), 2, "entered once, while it ran: {marks:?}");
+        assert!(marks[0].1 && !marks[1].1 && marks[0].2 == marks[1].2);
     });
 }

@@ -65,10 +65,11 @@ impl Op {
     }
 }
 
-/// Ops by id, from the slices that carry `args` (each op's first).
+/// Ops by id, from the slices that carry `args` (each op's first; a
+/// recorded op's run in a replay is not an op of its own).
 fn ops(json: &Value) -> HashMap<u64, Op> {
     let mut ops = HashMap::new();
-    for e in of_phase(json, "X").filter(|e| e["args"].is_object()) {
+    for e in of_phase(json, "X").filter(|e| e["args"].is_object() && e["cat"] != "recorded") {
         let id = e["args"]["id"].as_u64().unwrap();
         let op = Op {
             name: e["name"].as_str().unwrap().to_string(),
@@ -487,5 +488,165 @@ fn units_from_an_op_unblock_it() {
             panic!()
         };
         assert_eq!(waiter.unblocked_by(), Some(holder.id()));
+    });
+}
+
+/// A recorded graph replayed three times: each replay's op keeps its own
+/// slice, and every recorded op of every replay is a slice of its own,
+/// with its name, on a thread (not a lane), inside the trace's time; and
+/// the trace's API says the same.
+#[test]
+fn each_recorded_op_of_a_replay_is_a_slice_on_the_thread_that_ran_it() {
+    let engine = traced_engine(2);
+    let x = engine.new_var();
+    let outs: Vec<_> = (0..3).map(|_| engine.new_var()).collect();
+    let graph = engine
+        .record(|rec| {
+            rec.name("step");
+            rec.op().name("produce").mutates(&[&x]).run(|_| Ok(()))?;
+            for (i, out) in outs.iter().enumerate() {
+                rec.op()
+                    .name(format!("consume {i}"))
+                    .reads(&[&x])
+                    .mutates(&[out])
+                    .run(|_| Ok(()))?;
+            }
+            rec.op()
+                .reads(&[&outs[0], &outs[1], &outs[2]])
+                .run(|_| Ok(()))
+        })
+        .unwrap();
+    for _ in 0..3 {
+        graph.replay();
+    }
+    engine.wait_all().wait().unwrap();
+    let recorded = [
+        "produce",
+        "consume 0",
+        "consume 1",
+        "consume 2",
+        "recorded op",
+    ];
+
+    let trace = engine.trace().unwrap();
+    let replays: Vec<_> = trace
+        .ops()
+        .iter()
+        .filter(|op| op.name() == Some("replay step"))
+        .collect();
+    assert_eq!(replays.len(), 3);
+    for replay in &replays {
+        assert!(!replay.slices().is_empty(), "the replay's own slice");
+        let mut names: Vec<&str> = replay
+            .replayed()
+            .iter()
+            .map(|r| r.name.as_deref().unwrap_or("recorded op"))
+            .collect();
+        names.sort_unstable();
+        let mut expected = recorded.to_vec();
+        expected.sort_unstable();
+        assert_eq!(names, expected, "each recorded op once per replay");
+        for run in replay.replayed() {
+            assert!(!trace.tracks()[run.slice.track].is_lane);
+            let end = run.slice.end.expect("ended");
+            assert!(replay.pushed() <= run.slice.start && run.slice.start <= end);
+            assert!(end <= replay.ended().expect("the replay ended"));
+        }
+    }
+
+    let json = parsed(&engine, "replays.json");
+    let threads = tracks(&json);
+    let ops = ops(&json);
+    let replay_ids: Vec<u64> = ops
+        .iter()
+        .filter(|(_, op)| op.name == "replay step")
+        .map(|(&id, _)| id)
+        .collect();
+    assert_eq!(replay_ids.len(), 3, "the replays' own slices are there");
+    for id in replay_ids {
+        let mut names: Vec<&str> = of_phase(&json, "X")
+            .filter(|e| e["cat"] == "recorded" && e["args"]["replay"] == id)
+            .map(|e| {
+                let tid = e["tid"].as_u64().unwrap();
+                assert!(!threads[&tid].contains("lane"), "on a thread: {e}");
+                assert!(e["dur"].as_f64().unwrap() >= 0.0);
+                e["name"].as_str().unwrap()
+            })
+            .collect();
+        names.sort_unstable();
+        let mut expected = recorded.to_vec();
+        expected.sort_unstable();
+        assert_eq!(names, expected, "replay {id}: each recorded op once");
+    }
+}
+
+/// The slow steps of a replay too: an op on a stream device (its enqueue),
+/// one on a second device that waits for the first's device work (it may
+/// be woken before that work is done: a run that did not start is none),
+/// a host op with units and one after them: each once per replay.
+#[test]
+fn recorded_stream_and_units_ops_are_slices_once_per_replay() {
+    within(60, || {
+        let engine = Engine::builder()
+            .threads(2)
+            .device("gpu", Executor::simulated_gpu(2))
+            .device("gpu2", Executor::simulated_gpu(1))
+            .tracing(Tracing::On)
+            .build()
+            .unwrap();
+        let (gpu, gpu2) = (
+            engine.device("gpu").unwrap(),
+            engine.device("gpu2").unwrap(),
+        );
+        let memory = engine.new_resource("memory", 1);
+        let (a, b, c) = (engine.new_var(), engine.new_var(), engine.new_var());
+        let graph = engine
+            .record(|rec| {
+                let kernel = |ctx: &depflow::OpCtx| {
+                    Ok(ctx.stream()?.enqueue(|| {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        Ok(())
+                    })?)
+                };
+                rec.op().name("kernel").on(gpu).mutates(&[&a]).run(kernel)?;
+                rec.op()
+                    .name("copy")
+                    .on(gpu2)
+                    .reads(&[&a])
+                    .mutates(&[&b])
+                    .run(kernel)?;
+                rec.op()
+                    .name("host with units")
+                    .reads(&[&b])
+                    .mutates(&[&c])
+                    .uses(&memory, 1)
+                    .run(|_| Ok(()))?;
+                rec.op().name("last").reads(&[&c]).run(|_| Ok(()))
+            })
+            .unwrap();
+        for _ in 0..3 {
+            graph.replay();
+        }
+        engine.wait_all().wait().unwrap();
+        let trace = engine.trace().unwrap();
+        let replays: Vec<_> = trace
+            .ops()
+            .iter()
+            .filter(|op| op.name() == Some("replay"))
+            .collect();
+        assert_eq!(replays.len(), 3);
+        for replay in replays {
+            let mut names: Vec<&str> = replay
+                .replayed()
+                .iter()
+                .map(|r| r.name.as_deref().unwrap())
+                .collect();
+            names.sort_unstable();
+            assert_eq!(names, ["copy", "host with units", "kernel", "last"]);
+            for run in replay.replayed() {
+                assert!(!trace.tracks()[run.slice.track].is_lane);
+                assert!(run.slice.end.is_some());
+            }
+        }
     });
 }

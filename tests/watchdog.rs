@@ -11,7 +11,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
-use common::units::allocate;
+use common::units::{Abandoned, allocate, loads_pushed_before_their_consumers};
 use common::within;
 use depflow::{BoxError, Cycle, Diagnostics, Engine, Error, Needs, Var};
 use futures::FutureExt;
@@ -192,6 +192,42 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
         if let Some(f) = self.0.take() {
             f();
         }
+    }
+}
+
+/// Loads pushed before the ops that free their buffers, on too few units
+/// (see `loads_pushed_before_their_consumers`): the watchdog reports the
+/// deadlock, naming the units cycle.
+#[test]
+fn loads_pushed_before_their_consumers_are_reported_as_a_deadlock() {
+    let _serial = serial();
+    let (engine, hangs) = watched(2);
+    let engine = Abandoned(engine);
+    let pushed = Instant::now();
+    let bufs = loads_pushed_before_their_consumers(&engine);
+    let report = first_report(&hangs, pushed);
+    let text = report.to_string();
+    assert_eq!(report.cycles().len(), 1, "{text}");
+    assert_eq!(
+        report.cycles()[0].ops(),
+        ["`load 2`", "`delete_var`", "`preprocess 0`"],
+        "{text}"
+    );
+    let Cycle::Ops(steps) = &report.cycles()[0] else {
+        panic!("{text}")
+    };
+    assert_eq!(
+        steps[0].1,
+        Needs::Freed {
+            resource: "memory".into(),
+            var: bufs[0].id()
+        }
+    );
+    for line in [
+        "deadlock: `load 2` waits for units of `memory` held by `buf0` (var#",
+        "does not fit `memory` when run serially",
+    ] {
+        assert!(text.contains(line), "no `{line}` in:\n{text}");
     }
 }
 

@@ -270,6 +270,14 @@ impl OpBlock {
         matches!(self.flags >> KIND_SHIFT, MAINTENANCE | REPLAY)
     }
 
+    /// Whether the op is the host's delete of the variable it mutates
+    /// (`own::deletion`): its end gives back the units that variable held.
+    #[inline]
+    pub(crate) fn is_deletion(&self) -> bool {
+        self.flags >> KIND_SHIFT == MAINTENANCE
+            && self.static_name() == Some(super::own::DELETE_VAR)
+    }
+
     /// Whether the op's end counts a mutation of each variable it mutates:
     /// every op's but a replay's (`Mode::Replay`).
     #[inline]

@@ -37,6 +37,19 @@ pub(crate) enum Units<'a> {
     Var,
 }
 
+/// Where a recorded op of a replay is (`Host::on_recorded`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RecordedRun {
+    /// Its run starts on this thread (its body, or a stream op's enqueue).
+    Started,
+    /// Its run ended on this thread (body returned, work enqueued, or it
+    /// was skipped).
+    Ended,
+    /// Its run stopped before its body: it waits for device work and runs
+    /// again later (a stream op).
+    Deferred,
+}
+
 /// What an op needs from the engine it was pushed to.
 ///
 /// Calls come from any thread: the pusher, the threads that complete ops,
@@ -161,4 +174,18 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     /// alive.
     #[inline]
     fn on_ended(&self, _op: &OpBlock) {}
+
+    /// Whether the host watches the runs of recorded ops
+    /// ([`on_recorded`](Self::on_recorded)). Asked once per recorded op
+    /// run, before it: a host that watches nothing pays that one branch.
+    #[inline]
+    fn watches_recorded(&self) -> bool {
+        false
+    }
+
+    /// Hook (only if [`watches_recorded`](Self::watches_recorded)):
+    /// recorded op `op` of the replay whose op is at address `replay` (an
+    /// identity, never dereferenced) is at `run`, on this thread.
+    #[inline]
+    fn on_recorded(&self, _op: &OpBlock, _replay: usize, _run: RecordedRun) {}
 }

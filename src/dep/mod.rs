@@ -68,7 +68,7 @@ pub(crate) use self::device_buffer::{DeviceArena, DeviceArenas};
 #[cfg(feature = "mpi")]
 pub(crate) use self::future::skipped_because;
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
-pub(crate) use self::host::{Host, Units, new_host_id};
+pub(crate) use self::host::{Host, RecordedRun, Units, new_host_id};
 pub use self::operand::{Operand, TypedVar};
 pub(crate) use self::output::take_late_failures;
 pub(crate) use self::own::{deletion, mark_deleted, unpoisoning, var_wait};

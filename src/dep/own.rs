@@ -9,6 +9,10 @@ use super::decl::edges;
 use super::var::Var;
 use crate::error::{BoxError, Error};
 
+/// The name of the op that deletes a variable (how diagnostics tell it,
+/// with its mode, from every other op: `OpBlock::is_deletion`).
+pub(crate) const DELETE_VAR: &str = "delete_var";
+
 /// The op that deletes `var` (of engine `engine`) after every op pushed on
 /// it so far: when it runs, the variable's value goes to `recycle`; the
 /// units it held go back once `recycle` returns (or unwinds). The pusher
@@ -37,7 +41,7 @@ where
         }
         Ok(())
     }));
-    Ok((OpSpec::own(edges, "delete_var", Mode::Maintenance), body))
+    Ok((OpSpec::own(edges, DELETE_VAR, Mode::Maintenance), body))
 }
 
 /// Marks `var` deleted: later pushes on it are refused. Called by the

@@ -214,14 +214,20 @@ impl EngineBuilder {
     /// Makes a [`tracing`](https://docs.rs/tracing) span for every op
     /// (feature `tracing`; default: off): `op`, at level `INFO`, with fields
     /// `name`, `id` (push order), `device`, `lane` (-1 off a stream
-    /// device), `reads` and `mutates` (variable numbers). Its parent is the
+    /// device), `reads` and `mutates` (the variables, as
+    /// [`VarId`](crate::VarId) prints them: `` `name` (var#N) `` for a
+    /// [named](crate::Engine::var_named) one, else `var#N`). Its parent is the
     /// span current where the op was pushed; it is entered while the body
     /// runs (each poll of an async body, on its thread; on a stream device,
     /// while the body enqueues), follows from the span of the op that
     /// unblocked it, and holds `DEBUG` events `ready`, `granted` (units),
-    /// `enqueued` and `ended`. Spans cost a lock and the subscriber's work
-    /// per step of an op; a subscriber that disables them costs one check
-    /// per push.
+    /// `enqueued` and `ended`. Each run of a recorded op in a
+    /// [replay](crate::Graph::replay) is an `op` span too, with `name`,
+    /// `recorded = true`, `reads` and `mutates`, a child of the replay's
+    /// op's span, entered while it runs on the thread that runs it. Spans
+    /// cost a lock and the subscriber's work per step of an op; a
+    /// subscriber that disables them costs one check per push (and per
+    /// recorded op's run).
     ///
     /// ```
     /// # #[cfg(feature = "tracing")] {

@@ -71,6 +71,7 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
         waits: Vec::new(),
         cycles: Vec::new(),
         in_cycle: Vec::new(),
+        freers: Vec::new(),
     };
     if let Some(tracker) = tracker {
         let devices: Vec<(String, Option<usize>)> = shared

@@ -32,7 +32,7 @@ use super::executor::Exec;
 use crate::core::generations::{Generations, Signal};
 use crate::core::room::Room;
 use crate::core::tickets::Broker;
-use crate::dep::{Host, OpBlock, Runner, Units, take_late_failures};
+use crate::dep::{Host, OpBlock, RecordedRun, Runner, Units, take_late_failures};
 use crate::device::StreamDevice;
 use crate::error::{Error, OpFailure, VarId};
 use crate::loom::sync::Mutex;
@@ -298,6 +298,18 @@ impl Host for Shared {
     fn on_ended(&self, op: &OpBlock) {
         if let Some(o) = &self.observer {
             o.ended(op);
+        }
+    }
+
+    #[inline]
+    fn watches_recorded(&self) -> bool {
+        self.observer.as_ref().is_some_and(|o| o.watches_recorded())
+    }
+
+    #[inline]
+    fn on_recorded(&self, op: &OpBlock, replay: usize, run: RecordedRun) {
+        if let Some(o) = &self.observer {
+            o.recorded(op, replay, run);
         }
     }
 }

@@ -32,6 +32,11 @@
 //! Ops on stream devices and ops with units are *slow steps* (`run_slow`):
 //! always woken, never run inline; a stream op counts itself out only once
 //! its device work is done.
+//!
+//! A host that watches recorded ops (`Host::watches_recorded`: a trace or
+//! `tracing` spans) is told of each run, with the replay's op (its address,
+//! kept as the replay arms): `run_watched`, apart from the loop, so that a
+//! host that watches nothing pays one branch per op.
 
 // `unsafe`: spawning the resident tasks, whose contract the runtime keeps;
 // the block says why it is sound.
@@ -42,15 +47,15 @@ mod slow;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use self::slow::{Kind, NO_INLINE, ReplayTickets, Slow, UnitsPlan};
 use super::long_ops::LongOps;
 use crate::core::replay::{Countdowns, Left, Satisfied};
 use crate::dep::{
-    Body, Driver, Env, Host, OpBlock, OpSpec, OpUnits, Ran, RecordedBody, Resident, run_recorded,
-    run_settled,
+    Body, Driver, Env, Host, OpBlock, OpSpec, OpUnits, Ran, RecordedBody, RecordedRun, Resident,
+    run_recorded, run_settled,
 };
 use crate::error::{BoxError, Error};
 use crate::loom::sync::Mutex;
@@ -167,6 +172,10 @@ pub(crate) struct Runtime<H: Host> {
     failed: AtomicBool,
     /// The id of the graph, which its intermediates carry.
     graph: u64,
+    /// The address of the replay's op in flight: how a host that watches
+    /// recorded ops (`Host::watches_recorded`) tells their replay. Set as
+    /// it arms, read by its recorded ops (their wakes order the two).
+    replay: AtomicUsize,
     host: Arc<H>,
     /// The units its ops take, if any (see `slow`).
     units: Option<Arc<UnitsPlan>>,
@@ -227,6 +236,7 @@ impl<H: Host> Runtime<H> {
                 failure: Mutex::new(None),
                 failed: AtomicBool::new(false),
                 graph,
+                replay: AtomicUsize::new(0),
                 host,
                 units,
             }
@@ -354,7 +364,12 @@ impl<H: Host> Runtime<H> {
         let mut done = 0;
         loop {
             let step = &self.steps[op as usize];
+            // Not watching, the one branch on the host's observer per op:
+            // then the same match as ever.
             let ran = match step.kind {
+                Kind::Host | Kind::Settled if self.host.watches_recorded() => {
+                    self.run_watched(step, |step| self.run_unwatched(step))
+                }
                 Kind::Host => run_recorded(&step.resident, &step.body, &*self.host),
                 Kind::Settled => run_settled(&step.resident, &step.body, &*self.host),
                 Kind::Units | Kind::Stream => {
@@ -395,6 +410,59 @@ impl<H: Host> Runtime<H> {
                 }
             }
         }
+    }
+}
+
+impl<H: Host> Runtime<H> {
+    /// Runs host step `step` (of kind `Host`, `Settled` or `Units`) on this
+    /// thread; a host that watches recorded ops is told of the run.
+    fn run_host(&self, step: &Step) -> Ran {
+        if self.host.watches_recorded() {
+            return self.run_watched(step, |step| self.run_unwatched(step));
+        }
+        self.run_unwatched(step)
+    }
+
+    /// Runs host step `step` on this thread, untold.
+    #[inline(always)]
+    fn run_unwatched(&self, step: &Step) -> Ran {
+        let host = &*self.host;
+        match step.kind {
+            Kind::Host => run_recorded(&step.resident, &step.body, host),
+            Kind::Settled => run_settled(&step.resident, &step.body, host),
+            Kind::Units if host.has_streams() => run_settled(&step.resident, &step.body, host),
+            Kind::Units => run_recorded(&step.resident, &step.body, host),
+            Kind::Stream => unreachable!("a stream step is enqueued, not run"),
+        }
+    }
+
+    /// Runs `step` through `run`, telling the host of it: started, then
+    /// ended (or deferred, if `run` says the step did not run yet).
+    #[cold]
+    #[inline(never)]
+    fn run_watched<T: WatchedRun>(&self, step: &Step, run: impl FnOnce(&Step) -> T) -> T {
+        let (op, replay) = (step.resident.block(), self.replay.load(Ordering::Relaxed));
+        self.host.on_recorded(op, replay, RecordedRun::Started);
+        let ran = run(step);
+        let end = if ran.deferred() {
+            RecordedRun::Deferred
+        } else {
+            RecordedRun::Ended
+        };
+        self.host.on_recorded(op, replay, end);
+        ran
+    }
+}
+
+/// What a step's run returns, as its watcher needs it.
+trait WatchedRun {
+    /// The step did not run yet (a stream op waiting for device work).
+    fn deferred(&self) -> bool;
+}
+
+impl WatchedRun for Ran {
+    fn deferred(&self) -> bool {
+        false
     }
 }
 
@@ -462,6 +530,9 @@ impl<H: Host> Body for ReplayBody<H> {
         let runtime = this.runtime.as_ref().expect("replay polled after it ended");
         if !this.armed {
             this.armed = true;
+            runtime
+                .replay
+                .store(std::ptr::from_ref(op) as usize, Ordering::Relaxed);
             if let Some(tickets) = &this.tickets {
                 runtime.set_tickets(tickets);
             }

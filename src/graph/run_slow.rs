@@ -22,12 +22,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use super::Runtime;
+use super::{Runtime, Step, WatchedRun};
 use crate::core::replay::Satisfied;
 use crate::core::tickets::Demand;
 use crate::dep::{
     DrawTickets, Enqueue, Host, OpSpec, Ran, StreamSlot, Units, complete_recorded,
-    enqueue_recorded, give_back_units, run_recorded, run_settled, set_tickets,
+    enqueue_recorded, give_back_units, set_tickets,
 };
 use crate::error::Error;
 use crate::resource::Resource;
@@ -47,6 +47,12 @@ pub(super) enum Kind {
     Units,
     /// An op on a stream device (slow; perhaps with units).
     Stream,
+}
+
+impl WatchedRun for Enqueue {
+    fn deferred(&self) -> bool {
+        matches!(self, Enqueue::Waiting)
+    }
 }
 
 /// What a slow step keeps besides the common fields.
@@ -194,11 +200,7 @@ impl<H: Host> Runtime<H> {
         let slow = step.slow.as_deref().expect("a slow step");
         match step.kind {
             Kind::Units => {
-                let ran = if host.has_streams() {
-                    run_settled(&step.resident, &step.body, host)
-                } else {
-                    run_recorded(&step.resident, &step.body, host)
-                };
+                let ran = self.run_host(step);
                 give_back_units(block, host);
                 self.slow_ended(op, ran, false);
             }
@@ -209,7 +211,15 @@ impl<H: Host> Runtime<H> {
                 }
             }
             Kind::Stream => {
-                match enqueue_recorded(block, &step.body, host, &slow.slot, step.resident.waker()) {
+                let enqueue = |step: &Step| {
+                    enqueue_recorded(block, &step.body, host, &slow.slot, step.resident.waker())
+                };
+                let enqueued = if host.watches_recorded() {
+                    self.run_watched(step, enqueue)
+                } else {
+                    enqueue(step)
+                };
+                match enqueued {
                     Enqueue::Waiting => {}
                     Enqueue::Ended(ran) => {
                         give_back_units(block, host);

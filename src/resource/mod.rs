@@ -73,6 +73,10 @@ pub(crate) trait Ledger: Send + Sync {
 /// [`track_ops`](crate::EngineBuilder::track_ops),
 /// [`Engine::diagnostics`](crate::Engine::diagnostics) names the suspects:
 /// ops awaiting inside their body while holding units a parked op needs.
+/// A program that does not fit serially may deadlock: ops wait for units
+/// that variables hold, which only ops pushed after them give back (a
+/// delete, an op allocating the variable again), and those wait for them.
+/// The diagnostics name that too, as a [`Cycle`](crate::Cycle).
 ///
 /// ```
 /// use depflow::{Engine, Error};

@@ -2,7 +2,9 @@
 //! which Perfetto opens too): one track (`tid`) per thread and per stream
 //! lane, each op's polls and device work as complete (`X`) slices (the
 //! first carries everything known of the op in its `args`; an op that has
-//! not started by the time the trace was taken has none), a flow
+//! not started by the time the trace was taken has none), each run of a
+//! recorded op in a replay as an `X` slice of category `recorded` on the
+//! thread that ran it (`args.replay`: the replay's op id), a flow
 //! arrow from each op to the ops it unblocked, and counter (`C`) tracks for
 //! the ops in flight and each resource's units in use.
 //!
@@ -139,6 +141,19 @@ impl Trace {
                     args(&mut out, op);
                 }
                 out.push('}');
+            }
+            for run in op.replayed() {
+                let slice = &run.slice;
+                let stop = slice.end.unwrap_or(end);
+                let _ = write!(
+                    out,
+                    ",\n{{\"ph\":\"X\",\"pid\":1,\"tid\":{},\"ts\":{:.3},\"dur\":{:.3},\"cat\":\"recorded\",\"name\":",
+                    tid(slice),
+                    us(slice.start),
+                    us(stop.saturating_sub(slice.start)),
+                );
+                quoted(&mut out, run.name.as_deref().unwrap_or("recorded op"));
+                let _ = write!(out, ",\"args\":{{\"replay\":{}}}}}", op.id());
             }
             self.flow(&mut out, op);
         }

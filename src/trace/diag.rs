@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
+use super::stuck::Freer;
 use super::waits::{Cycle, Holder, MAX_CHAINS, WaitEdge};
 use crate::dep::OpBlock;
 use crate::error::VarId;
@@ -54,14 +55,18 @@ use crate::error::VarId;
 /// engine does not know). It names the [cycles](Diagnostics::cycles) it
 /// finds, of ops that cannot go on because each waits for the next (an
 /// async op awaiting the handle of an op that needs a variable or units
-/// the first one holds), and devices whose every worker is stuck in a body
-/// while ops queue for them:
+/// the first one holds; an op waiting for units that variables hold, which
+/// only ops pushed after it give back, and those waiting for it: a push
+/// order that does not fit a [`Resource`](crate::Resource) when run
+/// serially), and devices whose every worker is stuck in a body while ops
+/// queue for them:
 ///
 /// ```text
 /// what waits for what:
 ///   `after it` waits for `activations` (var#1) (after `needs memory`) -> `needs memory` waits for 2 of `memory` (1 of 4 free), held by `compute`, variable `cache` (var#0) -> `compute` is running (for 7.3s)
 ///   `outer` waits for the result of `inner` -> `inner` waits for `x` (var#2), held by `outer` -> back to `outer`: a cycle
 /// deadlock: `outer` waits for the result of `inner`; `inner` waits for `x` (var#2), held by `outer`: none of them can go on (...)
+/// deadlock: `load 2` waits for units of `memory` held by `buf0` (var#3), which only `delete_var` gives back; `delete_var` waits for `buf0` (var#3), held by `preprocess 0`; `preprocess 0` waits for its turn for units of `memory`, after `load 2`: none of them can go on (... this push order does not fit `memory` when run serially; push each consumer ... or give `memory` more units)
 /// ```
 ///
 /// [`to_dot`](Diagnostics::to_dot) draws the same as a Graphviz graph.
@@ -136,6 +141,43 @@ use crate::error::VarId;
 /// engine.wait_all().wait()?;
 /// # Ok::<(), Error>(())
 /// ```
+///
+/// A push order that does not fit: on one unit, `load b` is pushed before
+/// what frees `a`'s unit, and that (`delete_var`) waits for `use a`, which
+/// allocates too, so it takes its unit after `load b`.
+///
+/// ```
+/// use std::time::Duration;
+/// use depflow::{Cycle, Engine, Error, Needs};
+///
+/// let engine = Engine::builder().track_ops(true).build()?;
+/// let memory = engine.new_resource("memory", 1);
+/// let (a, b, out) = (engine.var_named("a", ()), engine.var_named("b", ()), engine.new_var());
+/// for (name, v) in [("load a", &a), ("load b", &b)] {
+///     engine.op().name(name).mutates(&[v]).allocates(&memory, 1, v).run(|_| Ok(()))?;
+/// }
+/// let use_a = engine.op().name("use a").reads(&[&a]).mutates(&[&out]);
+/// use_a.allocates(&memory, 1, &out).run(|_| Ok(()))?;
+/// engine.delete_var(&a, drop)?;
+/// let report = loop {
+///     let report = engine.diagnostics();
+///     if !report.cycles().is_empty() {
+///         break report;
+///     }
+///     std::thread::yield_now();
+/// };
+/// assert_eq!(report.cycles()[0].ops(), ["`load b`", "`delete_var`", "`use a`"]);
+/// let Cycle::Ops(steps) = &report.cycles()[0] else { unreachable!() };
+/// assert_eq!(steps[0].1, Needs::Freed { resource: "memory".into(), var: a.id() });
+/// assert_eq!(steps[2].1, Needs::Turn("memory".into()));
+/// let text = report.to_string();
+/// assert!(text.contains("deadlock: `load b` waits for units of `memory` held by `a` (var#"));
+/// assert!(text.contains("this push order does not fit `memory` when run serially"));
+/// // Nothing ends it but a shutdown that stops waiting for its ops.
+/// let shutdown = engine.shutdown_timeout(Duration::from_millis(10));
+/// assert!(matches!(shutdown, Err(Error::TimedOut { .. })));
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Diagnostics {
     pub(crate) in_flight: usize,
@@ -147,8 +189,13 @@ pub struct Diagnostics {
     /// Who waits for whom among `tracked` (see `waits`).
     pub(crate) waits: Vec<WaitEdge>,
     pub(crate) cycles: Vec<Cycle>,
-    /// The edges of `waits` that are part of a cycle.
-    pub(crate) in_cycle: Vec<(usize, Holder)>,
+    /// The edges that are part of a cycle: from an op to whom it waits
+    /// for (as in `waits`), or from a variable to the op that gives its
+    /// units back (as in `freers`).
+    pub(crate) in_cycle: Vec<(Holder, Holder)>,
+    /// The variables holding units, each with the first op that gives them
+    /// back (see `stuck`).
+    pub(crate) freers: Vec<Freer>,
 }
 
 impl Diagnostics {
@@ -271,6 +318,14 @@ pub struct OpReport {
     pub(crate) awaits: Vec<String>,
     /// The units it holds: (resource, amount).
     pub(crate) holds: Vec<(String, u64)>,
+    /// Every units demand it makes: (resource, amount, lasting). A lasting
+    /// one (some units are handed on to an output) is granted in push
+    /// order, after every older op asking for units of that resource.
+    pub(crate) asks: Vec<(String, u64, bool)>,
+    /// The variables whose units its end gives back: (variable, of this
+    /// resource, or of every resource for `None`: a delete). An op that
+    /// allocates a variable replaces what that variable held.
+    pub(crate) frees: Vec<(VarId, Option<String>)>,
 }
 
 impl OpReport {
@@ -331,11 +386,31 @@ impl OpReport {
     /// Describes a live op; `state` is filled in by the caller.
     pub(crate) fn of(op: &OpBlock, number: Option<u64>) -> Self {
         let (mut reads, mut mutates) = (Vec::new(), Vec::new());
+        let mut frees = Vec::new();
         for e in op.edges() {
             if e.is_write() {
                 mutates.push(e.var.id());
+                if op.is_deletion() {
+                    frees.push((e.var.id(), None));
+                }
             } else {
                 reads.push(e.var.id());
+            }
+        }
+        let mut asks = Vec::new();
+        if let Some(units) = op.units() {
+            let demands: Vec<_> = units.demands().collect();
+            asks.extend(
+                demands
+                    .iter()
+                    .map(|(res, d)| (res.name().to_owned(), d.amount, d.lasting)),
+            );
+            for l in units.lasting.iter() {
+                let (Some(edge), Some((res, _))) = (op.edges().get(l.edge), demands.get(l.demand))
+                else {
+                    continue;
+                };
+                frees.push((edge.var.id(), Some(res.name().to_owned())));
             }
         }
         Self {
@@ -351,6 +426,8 @@ impl OpReport {
             awaited: Vec::new(),
             awaits: Vec::new(),
             holds: Vec::new(),
+            asks,
+            frees,
         }
     }
 

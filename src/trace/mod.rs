@@ -3,7 +3,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | `diag`, `waits`, `track` | the [`Diagnostics`] of a stuck engine, who waits for whom and the cycles, and the registry of unfinished ops behind them |
+//! | `diag`, `waits`, `stuck`, `track` | the [`Diagnostics`] of a stuck engine, who waits for whom, which ops can never go on and the cycles among them, and the registry of unfinished ops behind them |
 //! | `watchdog` | the hang watchdog's state, which reads the registry's progress |
 //! | `record` | the trace recorder: per-thread rings of fixed-size events |
 //! | `timeline`, `chrome`, `svg` | the [`Trace`] put together from the events, as Chrome JSON and as an SVG timeline |
@@ -17,6 +17,7 @@ mod observe;
 mod record;
 #[cfg(feature = "tracing")]
 mod spans;
+mod stuck;
 mod svg;
 mod timeline;
 mod track;
@@ -29,7 +30,7 @@ pub(crate) use self::record::{DEFAULT_EVENTS_PER_THREAD, Recorder};
 #[cfg(feature = "tracing")]
 pub(crate) use self::spans::Spans;
 pub(crate) use self::timeline::{EngineInfo, assemble};
-pub use self::timeline::{ResourceTrack, Slice, Trace, TracedOp, Track};
+pub use self::timeline::{ReplayedOp, ResourceTrack, Slice, Trace, TracedOp, Track};
 pub(crate) use self::track::{Tracker, note_awaited};
 pub use self::waits::{Cycle, Needs};
 pub(crate) use self::waits::{STUCK_AFTER, analyse};

@@ -10,7 +10,7 @@ use super::record::{Recorder, What, address};
 use super::spans::Spans;
 use super::track::Tracker;
 use super::watchdog::Watchdog;
-use crate::dep::{OpBlock, Units};
+use crate::dep::{OpBlock, RecordedRun, Units};
 
 /// What an engine observes of its ops; at least one part is present.
 #[derive(Default)]
@@ -167,6 +167,28 @@ impl Observer {
         #[cfg(feature = "tracing")]
         if let Some(s) = self.spans() {
             s.ended(op);
+        }
+    }
+
+    /// Whether recorded ops' runs are of interest: a trace recorder or
+    /// spans (a tracker only counts pushed ops).
+    #[inline]
+    pub(crate) fn watches_recorded(&self) -> bool {
+        #[cfg(feature = "tracing")]
+        if self.spans.is_some() {
+            return true;
+        }
+        self.recorder.is_some()
+    }
+
+    /// Recorded op `op` of the replay at `replay` is at `run`.
+    pub(crate) fn recorded(&self, op: &OpBlock, replay: usize, run: RecordedRun) {
+        if let Some(r) = self.recording() {
+            r.recorded(op, replay, run);
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(s) = self.spans() {
+            s.recorded(op, replay, run);
         }
     }
 

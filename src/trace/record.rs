@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use crate::dep::OpBlock;
+use crate::dep::{OpBlock, RecordedRun};
 use crate::error::VarId;
 use crate::loom::sync::Mutex;
 
@@ -73,6 +73,16 @@ pub(crate) enum What {
     Ended,
     /// `pool` has `in_use` units taken (by ops or variables).
     Units { pool: u32, in_use: u64 },
+    /// A run of a recorded op named `name` starts on this thread, in the
+    /// replay whose op is the event's (a thread runs one recorded op at a
+    /// time: the next two events pair with it by thread).
+    Recorded { name: Name },
+    /// This thread's run of a recorded op of the event's replay ended.
+    RecordedEnded,
+    /// This thread's run of a recorded op of the event's replay stopped
+    /// before its body (it waits for device work): it is no run, and starts
+    /// again later.
+    RecordedDeferred,
 }
 
 /// `What::Granted::by` when a variable let the units go (no op did).
@@ -279,6 +289,19 @@ impl Recorder {
 
     pub(crate) fn event(&self, op: &OpBlock, what: What) {
         self.record(address(op), [what]);
+    }
+
+    /// Recorded op `op` of the replay at `replay` is at `run`.
+    pub(crate) fn recorded(&self, op: &OpBlock, replay: usize, run: RecordedRun) {
+        let what = match run {
+            RecordedRun::Started => What::Recorded {
+                name: self.name_of(op),
+            },
+            RecordedRun::Ended => What::RecordedEnded,
+            RecordedRun::Deferred => What::RecordedDeferred,
+        };
+        // Named by its replay's op: the event stays 48 bytes.
+        self.record(replay, [what]);
     }
 
     pub(crate) fn units(&self, pool: usize, in_use: u64) {

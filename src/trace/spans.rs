@@ -5,7 +5,12 @@
 //! following from the op that unblocked it, with `ready`, `granted`,
 //! `enqueued` and `ended` events inside. So subscribers (tracing-chrome,
 //! tracing-perfetto, tokio-console-style tools) show engine ops among the
-//! user's own spans.
+//! user's own spans. Its `reads` and `mutates` list variables as their
+//! `Display` does: `` `name` (var#N) `` for a named one, else `var#N`.
+//!
+//! Each run of a recorded op in a replay is an `op` span too (with
+//! `recorded = true`), a child of the replay's op's span, entered while it
+//! runs on the thread that runs it.
 //!
 //! The live spans are kept by op address under one lock: a cost only
 //! engines that asked for spans pay.
@@ -16,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use tracing::Span;
 
 use super::record::address;
-use crate::dep::OpBlock;
+use crate::dep::{OpBlock, RecordedRun};
+use crate::error::VarId;
 use crate::loom::sync::Mutex;
 
 /// A live op's span, and whether this op's body has it entered now.
@@ -47,14 +53,7 @@ impl Spans {
             .devices
             .get(usize::from(op.device_index()))
             .map_or("", String::as_str);
-        let (mut reads, mut mutates) = (Vec::new(), Vec::new());
-        for e in op.edges() {
-            if e.is_write() {
-                mutates.push(e.var.id().0);
-            } else {
-                reads.push(e.var.id().0);
-            }
-        }
+        let (reads, mutates) = vars(op);
         let span = tracing::info_span!(
             "op",
             name = op.name().unwrap_or(""),
@@ -74,6 +73,41 @@ impl Spans {
                 entered: false,
             },
         );
+    }
+
+    /// Recorded op `op` of the replay at `replay` is at `run` on this
+    /// thread: its span is made and entered as it starts, a child of the
+    /// replay's, and exited and closed as it ends.
+    pub(crate) fn recorded(&self, op: &OpBlock, replay: usize, run: RecordedRun) {
+        match run {
+            RecordedRun::Started => {
+                let parent = self.live.lock().get(&replay).and_then(|l| l.span.id());
+                let (reads, mutates) = vars(op);
+                let span = tracing::info_span!(
+                    parent: parent,
+                    "op",
+                    name = op.name().unwrap_or(""),
+                    recorded = true,
+                    reads = ?reads,
+                    mutates = ?mutates,
+                );
+                if span.is_disabled() {
+                    return;
+                }
+                span.with_subscriber(|(id, dispatch)| dispatch.enter(id));
+                let live = Live {
+                    span,
+                    entered: true,
+                };
+                self.live.lock().insert(address(op), live);
+            }
+            RecordedRun::Ended | RecordedRun::Deferred => {
+                let live = self.live.lock().remove(&address(op));
+                if let Some(mut live) = live {
+                    exit(&mut live, None);
+                }
+            }
+        }
     }
 
     /// Runs `f` on the op's live span, if it has one.
@@ -117,6 +151,20 @@ impl Spans {
         let live = self.live.lock().remove(&address(op));
         drop(live);
     }
+}
+
+/// The variables `op` reads and mutates, which print as `VarId`s do (by
+/// name where they have one).
+fn vars(op: &OpBlock) -> (Vec<VarId>, Vec<VarId>) {
+    let (mut reads, mut mutates) = (Vec::new(), Vec::new());
+    for e in op.edges() {
+        if e.is_write() {
+            mutates.push(e.var.id());
+        } else {
+            reads.push(e.var.id());
+        }
+    }
+    (reads, mutates)
 }
 
 /// A `DEBUG` event `what` in `span`, sent to the span's subscriber (this

@@ -4,7 +4,8 @@
 //! Events name ops by address; replaying every thread's events in time
 //! order, a push opens an op at its address and later events there belong
 //! to it. An op whose push is not in the trace (it came before the trace was
-//! started, or its thread's ring overwrote it) is left out.
+//! started, or its thread's ring overwrote it) is left out. A recorded op's
+//! run is named by its replay's op, and its end by the thread it ran on.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -48,6 +49,17 @@ pub struct TracedOp {
     pub(crate) ended: Option<Duration>,
     pub(crate) unblocked_by: Option<u64>,
     pub(crate) slices: Vec<Slice>,
+    pub(crate) replayed: Vec<ReplayedOp>,
+}
+
+/// One recorded op as a replay ran it ([`TracedOp::replayed`]): its run on
+/// the thread that ran it (a stream op's: its enqueue).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayedOp {
+    /// The recorded op's name, if it has one.
+    pub name: Option<String>,
+    /// Its run.
+    pub slice: Slice,
 }
 
 /// A stretch of time an op spent on one track: a poll of its body on a
@@ -153,6 +165,15 @@ impl TracedOp {
         self.unblocked_by
     }
 
+    /// For a replay's op ([`Graph::replay`](crate::Graph::replay)): each
+    /// recorded op of the replay as it ran, in the order the runs started
+    /// (empty for other ops, and for replays whose runs the trace did not
+    /// see). Its own [`slices`](Self::slices) are its body's: arming the
+    /// replay, running the first ops inline, and its end.
+    pub fn replayed(&self) -> &[ReplayedOp] {
+        &self.replayed
+    }
+
     /// Where it spent its time: each poll of its body on a thread, then its
     /// device work on a lane. An op skipped without running (an input was
     /// poisoned or deleted, or it was cancelled) has one empty slice on the
@@ -240,6 +261,16 @@ pub(crate) fn assemble(snapshot: Snapshot, info: EngineInfo) -> Trace {
     let mut count = 0usize;
     // The lane of each op on a stream device, by index, for its device slice.
     let mut device_of: Vec<u16> = Vec::new();
+    // Recorded ops running, by thread and replay (innermost last): their
+    // replay's op and the run's place in its `replayed`; and the runs that
+    // turned out to be none.
+    let mut open_runs: HashMap<(usize, usize), Vec<(usize, usize)>> = HashMap::new();
+    let mut deferred: Vec<(usize, usize)> = Vec::new();
+    let name_of = |name: Name| match name {
+        Name::None => None,
+        Name::Static(s) => Some(s.to_string()),
+        Name::Interned(n) => snapshot.names.get(n as usize).map(|s| s.to_string()),
+    };
 
     let mut track_of_thread = |t: usize, tracks: &mut Vec<Track>| -> usize {
         *thread_track[t].get_or_insert_with(|| {
@@ -260,12 +291,40 @@ pub(crate) fn assemble(snapshot: Snapshot, info: EngineInfo) -> Trace {
                 }
                 continue;
             }
+            What::Recorded { name } => {
+                // A run of a replay the trace saw pushed: a slice of it.
+                if let Some(&i) = at_address.get(&event.op) {
+                    let track = track_of_thread(t, &mut tracks);
+                    let runs = &mut ops[i].replayed;
+                    open_runs
+                        .entry((t, event.op))
+                        .or_default()
+                        .push((i, runs.len()));
+                    runs.push(ReplayedOp {
+                        name: name_of(name),
+                        slice: Slice {
+                            track,
+                            start: at,
+                            end: None,
+                        },
+                    });
+                }
+                continue;
+            }
+            What::RecordedEnded => {
+                if let Some((i, k)) = open_runs.get_mut(&(t, event.op)).and_then(Vec::pop) {
+                    ops[i].replayed[k].slice.end = Some(at);
+                }
+                continue;
+            }
+            What::RecordedDeferred => {
+                if let Some(run) = open_runs.get_mut(&(t, event.op)).and_then(Vec::pop) {
+                    deferred.push(run);
+                }
+                continue;
+            }
             What::Pushed { name, device, lane } => {
-                let name = match name {
-                    Name::None => None,
-                    Name::Static(s) => Some(s.to_string()),
-                    Name::Interned(n) => snapshot.names.get(n as usize).map(|s| s.to_string()),
-                };
+                let name = name_of(name);
                 at_address.insert(event.op, ops.len());
                 ops.push(TracedOp {
                     id: ops.len() as u64,
@@ -286,6 +345,7 @@ pub(crate) fn assemble(snapshot: Snapshot, info: EngineInfo) -> Trace {
                     ended: None,
                     unblocked_by: None,
                     slices: Vec::new(),
+                    replayed: Vec::new(),
                 });
                 device_of.push(device);
                 count += 1;
@@ -368,8 +428,18 @@ pub(crate) fn assemble(snapshot: Snapshot, info: EngineInfo) -> Trace {
                 count -= 1;
                 in_flight.push((at, count));
             }
-            What::Pushed { .. } | What::Units { .. } => unreachable!("handled above"),
+            What::Pushed { .. }
+            | What::Units { .. }
+            | What::Recorded { .. }
+            | What::RecordedEnded
+            | What::RecordedDeferred => unreachable!("handled above"),
         }
+    }
+    // Runs that stopped before their body were none: the latest first, so
+    // that the places of the others hold.
+    deferred.sort_unstable_by(|a, b| b.cmp(a));
+    for (i, k) in deferred {
+        ops[i].replayed.remove(k);
     }
     // Threads first, then lanes, as `Trace::tracks` says: renumber.
     let mut order: Vec<usize> = (0..tracks.len()).collect();
@@ -379,7 +449,8 @@ pub(crate) fn assemble(snapshot: Snapshot, info: EngineInfo) -> Trace {
         new_index[old] = new;
     }
     for op in &mut ops {
-        for s in &mut op.slices {
+        let runs = op.replayed.iter_mut().map(|r| &mut r.slice);
+        for s in op.slices.iter_mut().chain(runs) {
             s.track = new_index[s.track];
         }
     }

@@ -1,33 +1,41 @@
 //! Who waits for whom in a [`Diagnostics`] report: the waits-for graph
-//! between its tracked ops (and the variables holding units), the cycles in
-//! it ([`Cycle`]), the chains its `Display` prints, and its Graphviz form
+//! between its tracked ops (and the variables holding units), the cycles
+//! ([`Cycle`]), the chains its `Display` prints, and its Graphviz form
 //! ([`Diagnostics::to_dot`]).
 //!
 //! An edge goes from an op to what it cannot go on without:
 //!
 //! - the earlier unfinished ops it conflicts with on a variable (all of
 //!   them: a variable grants in push order);
-//! - the ops and variables holding units of a resource it waits for;
+//! - the ops and variables holding units of a resource it waits for (a
+//!   variable's units come back with the first op pushed that frees it:
+//!   its delete, or an op allocating it again; `stuck`);
+//! - for a parked op with lasting units, the older ops asking for units of
+//!   the resource and not granted yet (its turn: the head of that line and
+//!   the op right before it);
 //! - the ops whose handles its async body awaits (as the engine's
 //!   `OpHandle` noted them, see `track`);
 //! - the ops running on every worker of its device, when it is queued
 //!   there and none is free.
 //!
-//! Only *binding* edges close a cycle: the first and third kinds always
-//! bind; a units edge binds only if the op cannot get its units without
-//! that holder's (the others' and the free ones are too few); a worker
-//! edge never does (any worker would do, and what a running body waits for
-//! is unknown), which is why a device whose every worker is stuck is a
-//! cycle of its own kind, judged by how long the bodies have run.
+//! A units edge is *binding* (drawn solid) if the op cannot get its units
+//! without that holder's. The cycles, though, are found among the ops that
+//! can never go on (`stuck`): an op waiting for units is stuck when every
+//! holder that could give back enough is stuck too, which no single edge
+//! says. A worker edge never closes a cycle (any worker would do, and what
+//! a running body waits for is unknown), which is why a device whose every
+//! worker is stuck is a cycle of its own kind, judged by how long the
+//! bodies have run.
 //!
 //! Built once per report, off every hot path; iterative, so a long chain of
 //! ops cannot overflow the stack.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use super::diag::{Diagnostics, OpReport, OpState, conflicts};
+use super::stuck::{freers, stuck_waits};
 use crate::error::VarId;
 
 /// How long every worker of a device must have been in the same bodies, with
@@ -49,6 +57,21 @@ pub enum Needs {
     Result,
     /// A worker of this device, which the other op's body occupies.
     Worker(String),
+    /// Units of `resource` held by the variable `var`, which only the other
+    /// op gives back (it deletes `var`, or allocates it again): the op
+    /// cannot get enough units while `var` holds them (the other units are
+    /// held too, by ops and variables that cannot give them back either).
+    Freed {
+        /// The resource's name.
+        resource: String,
+        /// The variable holding its units.
+        var: VarId,
+    },
+    /// Its turn for units of this resource: it allocates some
+    /// ([`OpBuilder::allocates`](crate::OpBuilder::allocates)), so it is
+    /// granted units only after every older op that asks for units of the
+    /// resource, and the other op is one of those, not granted yet.
+    Turn(String),
 }
 
 /// A wait cycle in a [`Diagnostics`] report, naming its ops as the report
@@ -60,7 +83,11 @@ pub enum Cycle {
     /// with what it needs of the next. None can go on: the program must
     /// break the cycle (cancel an op that has not started, or let a body
     /// stop awaiting). The classic case is an async op awaiting the handle
-    /// of an op that needs a variable the first one holds.
+    /// of an op that needs a variable the first one holds. Another is a
+    /// push order that does not fit a resource when run serially: an op
+    /// waits for units that variables hold, which only ops pushed after it
+    /// give back ([`Needs::Freed`]), and those wait for it (through a
+    /// variable, or their [turn](Needs::Turn) for units).
     Ops(Vec<(String, Needs)>),
     /// Every worker of `device` is inside a body that has neither returned
     /// nor awaited for at least `stuck` (`running`), while `queued` ops
@@ -98,7 +125,27 @@ fn needs_of(needs: &Needs, next: &str) -> String {
         Needs::Units(resource) => format!("units of `{resource}` held by {next}"),
         Needs::Result => format!("the result of {next}"),
         Needs::Worker(device) => format!("a worker of `{device}`, taken by {next}"),
+        Needs::Freed { resource, var } => {
+            format!("units of `{resource}` held by {var}, which only {next} gives back")
+        }
+        Needs::Turn(resource) => format!("its turn for units of `{resource}`, after {next}"),
     }
+}
+
+/// The resources whose units a cycle's ops wait for, as `` `name` ``s.
+fn units_in(steps: &[(String, Needs)]) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for (_, needs) in steps {
+        let name = match needs {
+            Needs::Units(r) | Needs::Turn(r) | Needs::Freed { resource: r, .. } => r.as_str(),
+            _ => continue,
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    names.join(", ")
 }
 
 impl fmt::Display for Cycle {
@@ -118,6 +165,23 @@ impl fmt::Display for Cycle {
                         " (a body awaiting the handle of an op that needs what the awaiting \
                          op holds never finishes: declare that dependency through a variable \
                          instead, or await outside the op)"
+                    )?;
+                } else if steps
+                    .iter()
+                    .any(|(_, n)| matches!(n, Needs::Freed { .. } | Needs::Turn(_)))
+                {
+                    // With no body awaiting, only a variable's units can be
+                    // given back by a younger op (variables and turns go to
+                    // older ones): `core::tickets` says why this means the
+                    // program does not fit when run serially.
+                    let units = units_in(steps);
+                    write!(
+                        f,
+                        " (the units they wait for are given back only by ops pushed after the \
+                         ops that wait for them, which wait for those in turn: this push order \
+                         does not fit {units} when run serially; push each consumer of an \
+                         allocated variable, and what frees that variable, before the next op \
+                         that allocates {units}, or give {units} more units)"
                     )?;
                 }
                 Ok(())
@@ -187,6 +251,9 @@ pub(crate) fn analyse(
         }
     }
     let holders = units_holders(d);
+    // Per resource, the ops asking for units of it and not granted yet, in
+    // push order: a lasting request waits for them (its turn).
+    let mut asking: HashMap<&str, Vec<usize>> = HashMap::new();
     for (from, op) in ops.iter().enumerate() {
         if let OpState::Units(needs) = &op.state {
             for (resource, amount) in needs {
@@ -199,14 +266,57 @@ pub(crate) fn analyse(
             needs: Needs::Result,
             binding: true,
         }));
+        if !matches!(op.state, OpState::Variables(_) | OpState::Units(_)) {
+            continue;
+        }
+        for (resource, _, lasting) in &op.asks {
+            let older = asking.entry(resource).or_default();
+            // A parked op waiting for its turn: the head of the line, and
+            // the op right before it (the head's line is a chain).
+            if *lasting && matches!(op.state, OpState::Units(_)) {
+                let mut ahead: Vec<usize> = older
+                    .first()
+                    .into_iter()
+                    .chain(older.last())
+                    .copied()
+                    .collect();
+                ahead.dedup();
+                edges.extend(ahead.into_iter().map(|to| WaitEdge {
+                    from,
+                    to: Holder::Op(to),
+                    needs: Needs::Turn(resource.clone()),
+                    binding: true,
+                }));
+            }
+            older.push(from);
+        }
     }
+    let freers = freers(ops, &d.resources);
+    let stuck: Vec<WaitEdge> = stuck_waits(ops, &d.resources, &freers)
+        .into_iter()
+        .map(|(from, to, needs)| WaitEdge {
+            from,
+            to: Holder::Op(to),
+            needs,
+            binding: true,
+        })
+        .collect();
     let mut cycles = Vec::new();
     let mut in_cycle = Vec::new();
-    for (cycle, places) in op_cycles(ops, &edges) {
-        cycles.push(cycle);
-        for (i, &from) in places.iter().enumerate() {
-            in_cycle.push((from, Holder::Op(places[(i + 1) % places.len()])));
+    for (cycle, places) in op_cycles(ops, &stuck) {
+        if let Cycle::Ops(steps) = &cycle {
+            for (i, (&from, (_, needs))) in places.iter().zip(steps).enumerate() {
+                let next = Holder::Op(places[(i + 1) % places.len()]);
+                match needs {
+                    Needs::Freed { var, .. } => {
+                        in_cycle.push((Holder::Op(from), Holder::Var(*var)));
+                        in_cycle.push((Holder::Var(*var), next));
+                    }
+                    _ => in_cycle.push((Holder::Op(from), next)),
+                }
+            }
         }
+        cycles.push(cycle);
     }
     for (index, (name, workers)) in devices.iter().enumerate() {
         let Some(workers) = *workers else { continue };
@@ -234,7 +344,7 @@ pub(crate) fn analyse(
             .unwrap_or_default();
         if stuck >= stuck_after {
             for &from in &queued {
-                in_cycle.extend(running.iter().map(|&to| (from, Holder::Op(to))));
+                in_cycle.extend(running.iter().map(|&to| (Holder::Op(from), Holder::Op(to))));
             }
             let labels = |places: &[usize]| places.iter().map(|&i| ops[i].label()).collect();
             cycles.push(Cycle::Workers {
@@ -250,6 +360,7 @@ pub(crate) fn analyse(
     d.waits = edges;
     d.cycles = cycles;
     d.in_cycle = in_cycle;
+    d.freers = freers;
 }
 
 /// Per resource (by its place in the report), who holds its units: ops
@@ -307,9 +418,10 @@ fn units_edges(
     }
 }
 
-/// The cycles of binding edges between ops: one per strongly connected
-/// group of ops, the shortest through its earliest op; with the places of
-/// its ops in cycle order.
+/// The cycles of binding edges between ops (`analyse` passes the waits
+/// among the stuck ops): one per strongly connected group of ops, the
+/// shortest through its earliest op; with the places of its ops in cycle
+/// order.
 fn op_cycles(ops: &[OpReport], edges: &[WaitEdge]) -> Vec<(Cycle, Vec<usize>)> {
     let mut next: Vec<Vec<(usize, &Needs)>> = vec![Vec::new(); ops.len()];
     for e in edges {
@@ -502,17 +614,52 @@ impl Diagnostics {
                     OpState::Units(units) => units.iter().find(|(r, _)| r == resource).map(|u| u.1),
                     _ => None,
                 };
-                let r = self.resources.iter().find(|r| &r.name == resource);
+                let place = self.resources.iter().position(|r| &r.name == resource);
+                let r = place.map(|p| &self.resources[p]);
                 let (free, cap) = r.map_or((0, 0), |r| (r.free, r.capacity));
+                // A variable's units come back with the op that frees it:
+                // the chain goes on there if no op holds any.
+                let freer = |var: VarId| {
+                    self.freers
+                        .iter()
+                        .find(|f| Some(f.resource) == place && f.var == var)
+                        .map(|f| f.op)
+                };
+                let holders: Vec<String> = group
+                    .iter()
+                    .map(|&h| match (h, h_var(h).and_then(freer)) {
+                        (_, Some(op)) => {
+                            format!(
+                                "{} (given back by {})",
+                                self.holder_label(h),
+                                ops[op].label()
+                            )
+                        }
+                        _ => self.holder_label(h),
+                    })
+                    .collect();
+                then = then.or_else(|| group.iter().find_map(|&h| h_var(h).and_then(freer)));
                 format!(
                     "{} of `{resource}` ({free} of {cap} free), held by {}",
                     amount.unwrap_or_default(),
-                    names(&group)
+                    holders.join(", ")
                 )
             }
             Needs::Result => format!("the result of {}", names(&group)),
             Needs::Worker(device) => {
                 format!("a worker of `{device}`, all taken by {}", names(&group))
+            }
+            Needs::Turn(resource) => {
+                format!(
+                    "its turn for units of `{resource}`, after {}",
+                    names(&group)
+                )
+            }
+            Needs::Freed { resource, var } => {
+                format!(
+                    "units of `{resource}` held by {var}, given back by {}",
+                    names(&group)
+                )
             }
         };
         Some((text, then))
@@ -600,7 +747,7 @@ impl Diagnostics {
     /// # Ok::<(), Error>(())
     /// ```
     pub fn to_dot(&self) -> String {
-        let in_cycle: HashSet<&(usize, Holder)> = self.in_cycle.iter().collect();
+        let in_cycle: HashSet<&(Holder, Holder)> = self.in_cycle.iter().collect();
         let ops = self.tracked.as_deref().unwrap_or_default();
         let node = |holder: Holder| match holder {
             Holder::Op(i) => format!("op{}", ops[i].number.unwrap_or(i as u64)),
@@ -627,12 +774,28 @@ impl Diagnostics {
             .collect();
         vars.sort_unstable();
         vars.dedup();
-        for var in vars {
+        let red = ", color=red, fontcolor=red, penwidth=2";
+        for &var in &vars {
             let _ = writeln!(
                 dot,
                 "  {} [shape=ellipse, label=\"{}\"];",
                 node(Holder::Var(var)),
                 escape(&var.to_string())
+            );
+        }
+        // Each variable's units come back with the op that frees it.
+        for f in self.freers.iter().filter(|f| vars.contains(&f.var)) {
+            let (from, to) = (Holder::Var(f.var), Holder::Op(f.op));
+            let style = if in_cycle.contains(&(from, to)) {
+                red
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                dot,
+                "  {} -> {} [label=\"given back by\"{style}];",
+                node(from),
+                node(to)
             );
         }
         for e in &self.waits {
@@ -641,9 +804,11 @@ impl Diagnostics {
                 Needs::Units(resource) => format!("units of `{resource}`"),
                 Needs::Result => "result".into(),
                 Needs::Worker(device) => format!("worker of `{device}`"),
+                Needs::Turn(resource) => format!("turn for `{resource}`"),
+                Needs::Freed { resource, .. } => format!("units of `{resource}`"),
             };
-            let style = if in_cycle.contains(&(e.from, e.to)) {
-                ", color=red, fontcolor=red, penwidth=2"
+            let style = if in_cycle.contains(&(Holder::Op(e.from), e.to)) {
+                red
             } else if e.binding {
                 ""
             } else {
@@ -659,6 +824,14 @@ impl Diagnostics {
         }
         dot.push_str("}\n");
         dot
+    }
+}
+
+/// The variable a holder is, if it is one.
+fn h_var(holder: Holder) -> Option<VarId> {
+    match holder {
+        Holder::Var(var) => Some(var),
+        Holder::Op(_) => None,
     }
 }
 
@@ -703,6 +876,8 @@ mod tests {
             awaited: Vec::new(),
             awaits: Vec::new(),
             holds: Vec::new(),
+            asks: Vec::new(),
+            frees: Vec::new(),
         }
     }
 
@@ -716,13 +891,15 @@ mod tests {
             waits: Vec::new(),
             cycles: Vec::new(),
             in_cycle: Vec::new(),
+            freers: Vec::new(),
         }
     }
 
-    fn memory(free: u64, held_by_vars: Vec<(VarId, u64)>) -> ResourceReport {
+    /// `memory`, with `by_ops` units held by ops besides these.
+    fn memory(free: u64, held_by_vars: Vec<(VarId, u64)>, by_ops: u64) -> ResourceReport {
         ResourceReport {
             name: "memory".into(),
-            capacity: 4,
+            capacity: free + by_ops + held_by_vars.iter().map(|v| v.1).sum::<u64>(),
             free,
             held_by_ops: Vec::new(),
             held_by_vars,
@@ -734,8 +911,9 @@ mod tests {
         let mut holder = op(0, OpState::Awaiting);
         holder.holds = vec![("memory".into(), 2)];
         holder.awaited = vec![1];
-        let parked = op(1, OpState::Units(vec![("memory".into(), 2)]));
-        let mut d = report(vec![holder, parked], vec![memory(free, held_by_vars)]);
+        let mut parked = op(1, OpState::Units(vec![("memory".into(), 2)]));
+        parked.asks = vec![("memory".into(), 2, false)];
+        let mut d = report(vec![holder, parked], vec![memory(free, held_by_vars, 2)]);
         analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
         d
     }
@@ -767,6 +945,100 @@ mod tests {
             d.to_dot()
                 .contains("op1 -> var9 [label=\"units of `memory`\", style=dashed]")
         );
+    }
+
+    /// An op parked for `amount` units of `memory` (lasting if `lasting`)
+    /// that frees `frees` (allocates it again).
+    fn parked(number: u64, amount: u64, lasting: bool, frees: Option<VarId>) -> OpReport {
+        let mut o = op(number, OpState::Units(vec![("memory".into(), amount)]));
+        o.asks = vec![("memory".into(), amount, lasting)];
+        o.frees = frees
+            .map(|v| (v, Some("memory".into())))
+            .into_iter()
+            .collect();
+        o
+    }
+
+    #[test]
+    fn units_of_a_variable_come_back_only_with_the_op_that_frees_it() {
+        let v = VarId(7);
+        // Nothing pushed frees `v`: the program may still delete it.
+        let mut d = report(
+            vec![parked(0, 1, false, None)],
+            vec![memory(0, vec![(v, 1)], 0)],
+        );
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        assert!(d.cycles.is_empty(), "{d}");
+        // The op waiting allocates `v` again: it needs new units before the
+        // old ones come back. A cycle of one.
+        let mut d = report(
+            vec![parked(0, 1, true, Some(v))],
+            vec![memory(0, vec![(v, 1)], 0)],
+        );
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        let freed = Needs::Freed {
+            resource: "memory".into(),
+            var: v,
+        };
+        assert_eq!(d.cycles, [Cycle::Ops(vec![("`o0`".into(), freed.clone())])]);
+        assert!(
+            d.to_string().contains(
+                "deadlock: `o0` waits for units of `memory` held by var#7, which only `o0` \
+                 gives back: none of them can go on (the units they wait for are given back \
+                 only by ops pushed after"
+            ),
+            "{d}"
+        );
+        assert!(
+            d.to_dot()
+                .contains("var7 -> op0 [label=\"given back by\", color=red")
+        );
+        // Room for both: no cycle.
+        let mut d = report(
+            vec![parked(0, 1, true, Some(v))],
+            vec![memory(1, vec![(v, 1)], 0)],
+        );
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        assert!(d.cycles.is_empty(), "{d}");
+        // Units held by nothing the report sees (an op that just ended, say)
+        // may come back: no cycle.
+        let mut d = report(
+            vec![parked(0, 1, true, Some(v))],
+            vec![memory(0, vec![(v, 1)], 1)],
+        );
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        assert!(d.cycles.is_empty(), "{d}");
+    }
+
+    #[test]
+    fn an_allocating_op_waits_for_its_turn_behind_older_requests() {
+        let v = VarId(7);
+        // `o0` (temporary) waits for `v`'s units; `o1` would free them but
+        // allocates, so it comes after `o0`.
+        let ops = vec![parked(0, 1, false, None), parked(1, 1, true, Some(v))];
+        let mut d = report(ops, vec![memory(0, vec![(v, 1)], 0)]);
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        assert_eq!(
+            d.cycles,
+            [Cycle::Ops(vec![
+                (
+                    "`o0`".into(),
+                    Needs::Freed {
+                        resource: "memory".into(),
+                        var: v
+                    }
+                ),
+                ("`o1`".into(), Needs::Turn("memory".into())),
+            ])]
+        );
+        assert!(d.to_string().contains(
+            "`o1` waits for its turn for units of `memory`, after `o0`: none of them can go on"
+        ));
+        // Without a lasting demand it overtakes `o0`: no cycle.
+        let ops = vec![parked(0, 1, false, None), parked(1, 1, false, Some(v))];
+        let mut d = report(ops, vec![memory(0, vec![(v, 1)], 1)]);
+        analyse(&mut d, &[("cpu".into(), None)], STUCK_AFTER);
+        assert!(d.cycles.is_empty(), "{d}");
     }
 
     #[test]

@@ -91,11 +91,17 @@ impl Watchdog {
     }
 }
 
-/// The default report on stderr: what happened, then the report.
+/// The default report on stderr: what happened (a deadlock, if the report
+/// found wait cycles), then the report.
 pub(crate) fn hang_message(period: Duration, report: &Diagnostics) -> String {
+    let cycles = match report.cycles().len() {
+        0 => String::new(),
+        1 => " It is deadlocked: the wait cycle is named at the end.".into(),
+        n => format!(" It is deadlocked: the {n} wait cycles are named at the end."),
+    };
     format!(
         "depflow watchdog: the engine looks stuck: ops are pending and none has started or \
-         ended for {period:?} or more. What every unfinished op waits for:\n{report}"
+         ended for {period:?} or more.{cycles} What every unfinished op waits for:\n{report}"
     )
 }
 
@@ -150,8 +156,33 @@ impl Stall {
 
 #[cfg(test)]
 mod tests {
-    use super::Stall;
+    use super::{Stall, hang_message};
+    use crate::trace::{Cycle, Diagnostics, Needs};
     use std::time::Duration;
+
+    #[test]
+    fn a_report_with_a_cycle_is_called_a_deadlock() {
+        let mut report = Diagnostics {
+            in_flight: 2,
+            resources: Vec::new(),
+            waiting_for_units: Vec::new(),
+            tracked: Some(Vec::new()),
+            quiet: None,
+            waits: Vec::new(),
+            cycles: Vec::new(),
+            in_cycle: Vec::new(),
+            freers: Vec::new(),
+        };
+        let stuck = hang_message(Duration::from_secs(1), &report);
+        assert!(stuck.contains("looks stuck") && !stuck.contains("deadlocked"));
+        report.cycles.push(Cycle::Ops(vec![
+            ("`a`".into(), Needs::Result),
+            ("`b`".into(), Needs::Result),
+        ]));
+        let message = hang_message(Duration::from_secs(1), &report);
+        assert!(message.contains("It is deadlocked: the wait cycle is named at the end."));
+        assert!(message.contains("deadlock: `a` waits for the result of `b`"));
+    }
 
     const MS: Duration = Duration::from_millis(1);
 
