@@ -138,9 +138,9 @@ pub use crate::dep::{
 #[cfg(feature = "mpi")]
 pub use crate::engine::{CollectiveOp, Communicator, ReduceOp};
 pub use crate::engine::{
-    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, OpBuilder, OpDecl, OpHandle, Ops,
-    RecordOp, Recorder, Replay, ReplayRoom, Tracing, TypedCtx, TypedOp, Wait, WhenRoom, read,
-    write,
+    DEFAULT_DEVICE, Engine, EngineBuilder, Executor, Graph, Job, Once, OpBuilder, OpHandle, Ops,
+    RecordOp, Recorder, Replay, ReplayRoom, Reusable, Tracing, TypedCtx, TypedOp, Wait, WhenRoom,
+    read, write,
 };
 pub use crate::error::{BoxError, Error, OpFailure, VarId};
 pub use crate::graph::{EdgeKind, GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};

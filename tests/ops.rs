@@ -1,4 +1,4 @@
-//! One op description for push and record (`Ops`, `OpDecl`): typed access
+//! One op description for push and record (`Ops`, `OpBuilder`): typed access
 //! on recorded ops, planned buffers as operands alike with variables, a
 //! step written once that runs pushed or recorded to the same bits, and
 //! what a recording's closure may return.

@@ -43,7 +43,6 @@ use std::task::Waker;
 
 use async_task::Runnable;
 
-use super::start::{CANCELLED, STARTED};
 use super::units::OpUnits;
 use super::var::{AnyVar, VarHold};
 use crate::core::anchor::Anchor;
@@ -160,9 +159,14 @@ impl OpSpec {
 
 /// `OpBlock::status`: the count of holders of a leased op's grants.
 pub(super) const LEASE_MASK: u8 = 0b11;
-/// `OpBlock::status`: the op has retired (counted out of its host). (The
-/// `CANCELLED` and `STARTED` bits are `start`'s.)
+/// `OpBlock::status`: a handle cancelled the op before it started (see
+/// `start`).
+pub(super) const CANCELLED: u8 = 0b100;
+/// `OpBlock::status`: the op has retired (counted out of its host).
 const RETIRED: u8 = 0b1000;
+/// `OpBlock::status`: the op's start came: its body runs unless
+/// `CANCELLED` was set before (see `start`).
+pub(super) const STARTED: u8 = 0b1_0000;
 
 /// `OpBlock::flags`: the op's generation.
 const GENERATION: u8 = 1;
@@ -268,14 +272,6 @@ impl OpBlock {
     #[inline]
     pub(crate) fn is_maintenance(&self) -> bool {
         matches!(self.flags >> KIND_SHIFT, MAINTENANCE | REPLAY)
-    }
-
-    /// Whether the op is the host's delete of the variable it mutates
-    /// (`own::deletion`): its end gives back the units that variable held.
-    #[inline]
-    pub(crate) fn is_deletion(&self) -> bool {
-        self.flags >> KIND_SHIFT == MAINTENANCE
-            && self.static_name() == Some(super::own::DELETE_VAR)
     }
 
     /// Whether the op's end counts a mutation of each variable it mutates:

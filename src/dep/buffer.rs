@@ -32,7 +32,7 @@ use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 
-use super::ctx::{OpCtx, VarMut, VarRef};
+use super::ctx::{OpCtx, Operand, TypedVar, VarMut, VarRef, operand_sealed};
 use super::var::{AnyVar, Var, VarCore, VarHold, VarKey, sealed};
 use crate::error::{Error, VarId};
 
@@ -296,5 +296,30 @@ impl OpCtx {
         // the borrow count makes this the body's only borrow of it.
         let value = unsafe { std::slice::from_raw_parts_mut(start.cast::<T>(), buffer.len) };
         Ok(VarMut { value, count })
+    }
+}
+
+impl<T: Element> operand_sealed::Sealed for Buffer<T> {}
+
+impl<T: Element> Operand for Buffer<T> {
+    type Value = [T];
+
+    #[inline]
+    fn read_in<'c>(&self, ctx: &'c OpCtx) -> Result<VarRef<'c, [T]>, Error> {
+        ctx.read_buffer(self)
+    }
+
+    #[inline]
+    fn write_in<'c>(&self, ctx: &'c OpCtx) -> Result<VarMut<'c, [T]>, Error> {
+        ctx.write_buffer(self)
+    }
+}
+
+impl<T: Element> TypedVar for Buffer<T> {
+    type Key = Buffer<T>;
+
+    #[inline]
+    fn typed_key(&self) -> Buffer<T> {
+        self.clone()
     }
 }

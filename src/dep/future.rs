@@ -141,7 +141,12 @@ impl<B: Body, H: Host> OpFuture<B, H> {
         self.finished = true;
         // SAFETY: `body` is structurally pinned: the future is (in its
         // task), and `self` is its pinned place.
-        discard_skipped(op, unsafe { Pin::new_unchecked(&mut self.body) }, host, &why);
+        discard_skipped(
+            op,
+            unsafe { Pin::new_unchecked(&mut self.body) },
+            host,
+            &why,
+        );
         skip(op, why, host)
     }
 }

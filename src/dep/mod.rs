@@ -13,8 +13,7 @@
 //! | `start` | whether its body runs: the start and a cancel, decided by one read-modify-write each |
 //! | `body`, `future`, `stream_op` | what an op runs, and the futures that run it (host and stream devices) |
 //! | `output` | an op's result as its task keeps it, and failures of values dropped after their op retired |
-//! | `ctx` | what a body sees: [`OpCtx`] |
-//! | `operand` | what a body reaches through it: variables, keys and planned buffers alike ([`Operand`]) |
+//! | `ctx` | what a body sees: [`OpCtx`], and what it reaches through it: variables, keys and planned buffers alike ([`Operand`]) |
 //! | `own` | the host's own ops: delete, clear poison, wait for a variable |
 //! | `task` | the pusher's side of an op's task: await, ask, cancel |
 //! | `reclaim` | who frees an op's memory: the thread that pushed it |
@@ -38,7 +37,6 @@ mod device_buffer;
 mod future;
 mod host;
 mod lifecycle;
-mod operand;
 mod output;
 mod own;
 mod poison;
@@ -60,7 +58,7 @@ pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub(crate) use self::buffer::Arena;
 pub use self::buffer::{Buffer, Element};
 pub(crate) use self::ctx::Env;
-pub use self::ctx::{Device, OpCtx, VarMut, VarRef};
+pub use self::ctx::{Device, OpCtx, Operand, TypedVar, VarMut, VarRef};
 pub(crate) use self::decl::edges;
 pub(crate) use self::decl::{distinct_edges, recorded_edges};
 pub use self::device_buffer::DeviceBuffer;
@@ -69,7 +67,7 @@ pub(crate) use self::device_buffer::{DeviceArena, DeviceArenas};
 pub(crate) use self::future::skipped_because;
 pub(crate) use self::future::{in_op, in_op_of, with_current_op};
 pub(crate) use self::host::{Host, RecordedRun, Units, new_host_id};
-pub use self::operand::{Operand, TypedVar};
+
 pub(crate) use self::output::take_late_failures;
 pub(crate) use self::own::{deletion, mark_deleted, unpoisoning, var_wait};
 pub(crate) use self::resident::{

@@ -2,7 +2,7 @@
 //! deleting a variable, clearing its poison, waiting for its mutations (the
 //! wait never reaches the device's executor: see [`var_wait`]).
 
-use super::block::{Mode, OpSpec};
+use super::block::{Mode, OpBlock, OpSpec};
 use super::body::{Body, SyncBody};
 use super::ctx::OpCtx;
 use super::decl::edges;
@@ -12,6 +12,15 @@ use crate::error::{BoxError, Error};
 /// The name of the op that deletes a variable (how diagnostics tell it,
 /// with its mode, from every other op: `OpBlock::is_deletion`).
 pub(crate) const DELETE_VAR: &str = "delete_var";
+
+impl OpBlock {
+    /// Whether the op is the host's delete of the variable it mutates
+    /// (`deletion`): its end gives back the units that variable held.
+    #[inline]
+    pub(crate) fn is_deletion(&self) -> bool {
+        self.is_maintenance() && self.static_name() == Some(DELETE_VAR)
+    }
+}
 
 /// The op that deletes `var` (of engine `engine`) after every op pushed on
 /// it so far: when it runs, the variable's value goes to `recycle`; the

@@ -24,14 +24,8 @@
 //! has no handle to cancel it (a resident task is marked cancelled only
 //! when its graph goes, see `resident`), and runs without this step.
 
-use super::block::OpBlock;
+use super::block::{CANCELLED, OpBlock, STARTED};
 use crate::loom::sync::atomic::Ordering::{Acquire, Relaxed};
-
-/// `OpBlock::status`: a handle cancelled the op before it started.
-pub(super) const CANCELLED: u8 = 0b100;
-/// `OpBlock::status`: the op's start came (its body runs unless
-/// `CANCELLED` was set before).
-pub(super) const STARTED: u8 = 0b1_0000;
 
 /// What an op's start decided.
 #[must_use = "the body runs only on `Start::Run`"]

@@ -8,9 +8,8 @@
 //! | `facade` | [`Engine`]: variables, resources, pushes, waits, devices |
 //! | `builder` | [`EngineBuilder`]: checking and starting an engine |
 //! | `executor` | [`Executor`], [`Job`]: how each device runs its ops |
-//! | `op_builder` | [`OpBuilder`]: describing an op, checked into an `OpSpec` |
-//! | `ops` | [`Ops`], [`OpDecl`]: one op description that an engine pushes and a recorder records |
-//! | `when_room` | [`WhenRoom`], [`ReplayRoom`]: producers waiting for room under the bound on ops in flight, one rule for all |
+//! | `op_builder` | [`OpBuilder`]: describing an op, checked into an `OpSpec`, and its [`WhenRoom`]; [`Ops`], where ops go: an engine pushes them, a recorder records them |
+//! | `when_room` | the rule of producers' waits for room under the bound on ops in flight, one for all ([`WhenRoom`], [`ReplayRoom`]) |
 //! | `typed_op` | [`TypedOp`], [`TypedCtx`]: typed access, declarations that give the body its values |
 //! | `handle` | [`OpHandle`], [`Wait`]: futures, and blocking on them |
 //! | `record` | [`Engine::record`](crate::Engine::record), [`Recorder`], [`Graph`] and its [`Replay`]s: the entry to `crate::graph` |
@@ -32,7 +31,6 @@ mod executor;
 mod facade;
 mod handle;
 mod op_builder;
-mod ops;
 mod record;
 mod shared;
 mod shutdown;
@@ -46,11 +44,9 @@ pub use self::collective::{CollectiveOp, Communicator, ReduceOp};
 pub use self::executor::{Executor, Job};
 pub use self::facade::Engine;
 pub use self::handle::{OpHandle, Wait};
-pub use self::op_builder::OpBuilder;
-pub use self::ops::{OpDecl, Ops};
-pub use self::record::{Graph, RecordOp, Recorder, Replay};
+pub use self::op_builder::{Once, OpBuilder, Ops, Reusable, WhenRoom};
+pub use self::record::{Graph, RecordOp, Recorder, Replay, ReplayRoom};
 pub use self::trace_window::Tracing;
 pub use self::typed_op::{
     Access, AccessKeys, Accesses, Read, ReadKey, TypedCtx, TypedOp, Write, WriteKey, read, write,
 };
-pub use self::when_room::{ReplayRoom, WhenRoom};

@@ -1,25 +1,54 @@
-//! Describing an op before pushing it: [`OpBuilder`] (variables, name,
-//! priority, device and lane, resource units), checked into an `OpSpec` at
-//! `run` (its wait for room, [`WhenRoom`], is `when_room`'s).
+//! Describing an op before pushing or recording it: [`OpBuilder`]
+//! (variables, typed accesses, name, priority, device and lane, resource
+//! units), checked into an `OpSpec` at `run`, and its wait for room under
+//! the engine's bound ([`WhenRoom`], by `when_room`'s rule); and where ops
+//! go, [`Ops`]: an
+//! [`Engine`], which pushes them, or a [`Recorder`](crate::Recorder), which
+//! records them (its side is `record`'s).
+//!
+//! One builder for both: `OpBuilder<'a, O, B>` declares an op on `O` (an
+//! `Ops`) with a body of kind `B`. [`Engine::op`] gives `OpBuilder<'_>`
+//! (on the engine, [`Once`]: a `FnOnce` or async body, pushed once);
+//! [`Ops::op`] gives `OpBuilder<'_, O, Reusable>` (a `Fn` body, which a
+//! recording runs at every replay and a push runs once), so that code
+//! generic over `Ops` declares its ops one way whether they are pushed or
+//! recorded (SINGA's graph switch).
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use super::Engine;
 use super::handle::OpHandle;
+use super::handle::block_outside_ops;
 use super::shared::Shared;
 use super::typed_op::{Accesses, TypedOp};
-use super::when_room::WhenRoom;
+use super::when_room::poll_room;
 use crate::core::few::Few;
 use crate::dep::{
-    AnyVar, AsyncBody, Body, Device, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody, edges,
+    AnyVar, AsyncBody, Body, Buffer, Device, Element, Host, Mode, OpCtx, OpSpec, OpUnits, SyncBody,
+    Var, edges,
 };
 use crate::device::Lane;
 use crate::error::{BoxError, Error, VarId};
 use crate::resource::Resource;
 
-/// An op under construction: set its variables, name, priority and device,
-/// then [`run`](OpBuilder::run) or [`run_async`](OpBuilder::run_async) it.
+/// An op under construction on `O` (an [`Ops`]: an [`Engine`] by
+/// default), with a body of kind `B`: set its variables, name, priority and
+/// device, then run it.
+///
+/// - From [`Engine::op`], `OpBuilder<'_>` (`O = Engine`, `B = Once`):
+///   [`run`](OpBuilder::run) or [`run_async`](OpBuilder::run_async) push it
+///   with a body that runs once; [`when_room`](OpBuilder::when_room) waits
+///   for room under the engine's bound first.
+/// - From [`Ops::op`] (a recorder's [`op`](crate::Recorder::op) too),
+///   `OpBuilder<'_, O, Reusable>`: [`run`](OpBuilder#method.run-1) pushes
+///   (on an engine) or records (on a recorder) it with a `Fn` body.
+///
+/// Both take the same declarations, typed accesses included
+/// ([`with`](OpBuilder::with)).
 ///
 /// ```
 /// let engine = depflow::Engine::new();
@@ -40,13 +69,116 @@ use crate::resource::Resource;
 /// assert_eq!(handle.wait()?, 4.0);
 /// # Ok::<(), depflow::Error>(())
 /// ```
-#[must_use = "an OpBuilder does nothing until `run` or `run_async`"]
-pub struct OpBuilder<'a> {
-    pub(super) engine: &'a Engine,
+#[must_use = "an OpBuilder does nothing until it is run"]
+pub struct OpBuilder<'a, O: ?Sized = Engine, B = Once> {
+    pub(super) target: &'a O,
     decl: Declaration<'a>,
+    body: PhantomData<B>,
 }
 
-impl std::fmt::Debug for OpBuilder<'_> {
+/// An [`OpBuilder`]'s body kind: a `FnOnce` or async body, pushed once
+/// ([`Engine::op`]).
+#[derive(Debug)]
+pub enum Once {}
+
+/// An [`OpBuilder`]'s body kind: a `Fn` body, which a recording runs once
+/// per replay and a push runs once ([`Ops::op`]).
+#[derive(Debug)]
+pub enum Reusable {}
+
+/// Seals [`Ops`]: implemented by [`Engine`] here and by
+/// [`Recorder`](crate::Recorder) in `record`.
+pub(super) mod sealed {
+    pub trait Sealed {}
+}
+
+/// Where ops go: pushed to an [`Engine`] (they run as soon as their
+/// variables allow) or recorded by a [`Recorder`](crate::Recorder) (they run at each
+/// [`Graph::replay`](crate::Graph::replay)). A function generic over `Ops`
+/// is written once and runs either way: SINGA's graph switch. Sealed.
+///
+/// What differs is only what the two give back and keep:
+///
+/// | | [`Engine`] | [`Recorder`](crate::Recorder) |
+/// | --- | --- | --- |
+/// | `op().run(f)` | pushes; an [`OpHandle`] | records; `()` |
+/// | `var(value)` | a variable | an intermediate of the graph |
+/// | `buffer(len)` | a buffer of its own, zeroed | a planned buffer, sharing the graph's arena |
+///
+/// ```
+/// use depflow::{Buffer, Engine, Error, Ops, Var, read, write};
+///
+/// /// One SGD step on `w` for the loss `(w - target)²`, through a
+/// /// gradient buffer: written once.
+/// fn step(ops: &impl Ops, w: &Var<Vec<f32>>, target: &Var<Vec<f32>>) -> Result<(), Error> {
+///     let grad: Buffer<f32> = ops.buffer_named("grad", 3);
+///     ops.op().name("gradient").with((read(w), read(target), write(&grad))).run(
+///         |(w, target, grad)| {
+///             for ((g, w), t) in grad.iter_mut().zip(w).zip(target) {
+///                 *g = 2.0 * (w - t);
+///             }
+///             Ok(())
+///         },
+///     )?;
+///     ops.op().name("update").with((read(&grad), write(w))).run(|(grad, w)| {
+///         w.iter_mut().zip(grad).for_each(|(w, g)| *w -= 0.25 * g);
+///         Ok(())
+///     })?;
+///     Ok(())
+/// }
+///
+/// let engine = Engine::new();
+/// let target = engine.var(vec![1.0, 2.0, 3.0]);
+/// let (eager, replayed) = (engine.var(vec![0.0; 3]), engine.var(vec![0.0; 3]));
+/// let graph = engine.record(|rec| step(rec, &replayed, &target))?;
+/// for _ in 0..4 {
+///     step(&engine, &eager, &target)?; // pushed: a fresh buffer each step
+///     graph.replay(); // the recorded ops, on their planned buffer
+/// }
+/// assert_eq!(engine.get(&eager).wait()?, engine.get(&replayed).wait()?);
+/// # Ok::<(), Error>(())
+/// ```
+pub trait Ops: sealed::Sealed {
+    /// What [`run`](OpBuilder#method.run-1) gives back: the op's
+    /// [`OpHandle`] when it is pushed, `()` when it is recorded.
+    type Handle<T: Send + 'static>;
+
+    /// Starts declaring an op whose body may run many times.
+    fn op(&self) -> OpBuilder<'_, Self, Reusable> {
+        OpBuilder::declared(self, Declaration::default())
+    }
+
+    /// A new variable owning `value`: an engine's variable, or a recorded
+    /// graph's intermediate (see [`Recorder::var`](crate::Recorder::var)).
+    fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T>;
+
+    /// [`var`](Self::var), named `name` in errors, diagnostics and traces.
+    fn var_named<T: Send + Sync + 'static>(&self, name: &str, value: T) -> Var<T>;
+
+    /// A new buffer of `len` values of `T`: an engine's buffer of its own,
+    /// zeroed ([`Engine::buffer`]), or a recorded graph's planned buffer
+    /// ([`Recorder::buffer`](crate::Recorder::buffer): its first op must
+    /// mutate it). Bodies reach it
+    /// as `[T]`.
+    fn buffer<T: Element>(&self, len: usize) -> Buffer<T>;
+
+    /// [`buffer`](Self::buffer), named `name` in errors, diagnostics and
+    /// the graph's DOT.
+    fn buffer_named<T: Element>(&self, name: &str, len: usize) -> Buffer<T>;
+
+    /// The engine the ops go to.
+    #[doc(hidden)]
+    fn engine(&self) -> &Engine;
+
+    /// Pushes or records the op `decl` declared, with body `f`.
+    #[doc(hidden)]
+    fn submit<F, T>(op: OpBuilder<'_, Self, Reusable>, f: F) -> Result<Self::Handle<T>, Error>
+    where
+        F: Fn(&OpCtx) -> Result<T, BoxError> + Send + Sync + 'static,
+        T: Send + 'static;
+}
+
+impl<O: Ops + ?Sized, B> std::fmt::Debug for OpBuilder<'_, O, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.decl.debug("OpBuilder", f)
     }
@@ -57,11 +189,17 @@ impl<'a> OpBuilder<'a> {
     pub(super) fn new(engine: &'a Engine) -> Self {
         Self::declared(engine, Declaration::default())
     }
+}
 
-    /// The builder of an op already declared as `decl`.
+impl<'a, O: Ops + ?Sized, B> OpBuilder<'a, O, B> {
+    /// The builder of an op already declared as `decl`, on `target`.
     #[inline]
-    pub(super) fn declared(engine: &'a Engine, decl: Declaration<'a>) -> Self {
-        Self { engine, decl }
+    pub(super) fn declared(target: &'a O, decl: Declaration<'a>) -> Self {
+        Self {
+            target,
+            decl,
+            body: PhantomData,
+        }
     }
 
     /// Adds variables the op reads (calls add up).
@@ -95,7 +233,7 @@ impl<'a> OpBuilder<'a> {
         self
     }
 
-    /// A name for errors and `Debug` output.
+    /// A name for errors, diagnostics, traces and a graph's DOT.
     #[inline]
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.decl.opts.name = Some(name.into());
@@ -143,7 +281,12 @@ impl<'a> OpBuilder<'a> {
         self
     }
 
-    /// The device to run on (default: the engine's default device).
+    /// The device to run on (default: the engine's default device). On a
+    /// stream device the body enqueues work on its lane's stream
+    /// ([`OpCtx::stream`]); in a replay, the op's successors on the same
+    /// device go once its work is enqueued (the device orders lanes with
+    /// stream waits), the others once it is done, and the replay ends once
+    /// all its ops' device work is done.
     #[inline]
     pub fn on(mut self, device: Device) -> Self {
         self.decl.opts.device = Some(device);
@@ -187,6 +330,11 @@ impl<'a> OpBuilder<'a> {
     /// handle, say) — declare that dependency through a variable instead;
     /// see [`Resource`] for the exact condition.
     ///
+    /// Recorded ([`Ops`] on a [`Recorder`](crate::Recorder)), the op starts
+    /// in each replay once its units are free (waiting without holding a
+    /// thread), in the order the replay's ops would get them had they been
+    /// pushed at the replay call, and gives them back when it ends.
+    ///
     /// # Errors
     ///
     /// Reported by `run`: [`Error::OverCapacity`] if the op needs more than
@@ -210,7 +358,8 @@ impl<'a> OpBuilder<'a> {
     /// ```
     #[inline]
     pub fn uses(mut self, resource: &Resource, units: u64) -> Self {
-        self.decl.uses(self.engine.shared().id, resource, units);
+        self.decl
+            .uses(self.target.engine().shared().id, resource, units);
         self
     }
 
@@ -229,14 +378,67 @@ impl<'a> OpBuilder<'a> {
     /// # Errors
     ///
     /// As for [`uses`](Self::uses), and [`Error::NotMutable`] (reported by
-    /// `run`) if the op does not mutate `output`.
+    /// `run`) if the op does not mutate `output`. Recorded, `run` refuses
+    /// it ([`Error::Graph`]): a graph's memory is its planned buffers, taken
+    /// once and shared by plan; use [`uses`](Self::uses) for units held
+    /// while the op runs, or push the allocating op.
     #[inline]
     pub fn allocates(mut self, resource: &Resource, units: u64, output: &'a dyn AnyVar) -> Self {
-        self.decl
-            .allocates(self.engine.shared().id, resource, units, output);
+        let engine = self.target.engine().shared().id;
+        self.decl.allocates(engine, resource, units, output);
         self
     }
 
+    /// Declares the op's variables as typed accesses, [`read`](crate::read)
+    /// and [`write`](crate::write) (one, or a tuple of up to eight), and
+    /// hands them to its body: `&T` for a read, `&mut T` for a write, in
+    /// order. Declaring a variable is what gives the body its access, so a
+    /// body cannot touch a variable it did not declare, nor mutate one it
+    /// only reads: it would not compile. Options set on the builder before
+    /// (name, priority, device, lane, units, more variables) apply. See
+    /// [`TypedOp`](crate::TypedOp), and its `run` for a reusable body.
+    ///
+    /// ```
+    /// use depflow::{Engine, read, write};
+    ///
+    /// let engine = Engine::new();
+    /// let (x, y) = (engine.var(vec![1.0f32, 2.0]), engine.var(vec![1.0f32; 2]));
+    /// // y += 2 x
+    /// engine.op().name("axpy").with((read(&x), write(&y))).run(|(x, y)| {
+    ///     y.iter_mut().zip(x).for_each(|(y, x)| *y += 2.0 * x);
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(engine.get(&y).wait()?, vec![3.0, 5.0]);
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    ///
+    /// Mutating a variable declared with `read` does not compile:
+    ///
+    /// ```compile_fail,E0594
+    /// use depflow::{Engine, read};
+    ///
+    /// let engine = Engine::new();
+    /// let x = engine.var(1);
+    /// engine.op().with(read(&x)).run(|x| {
+    ///     *x += 1; // cannot assign: `x` is `&i32`
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    #[inline]
+    pub fn with<A: Accesses<'a>>(mut self, accesses: A) -> TypedOp<Self, A::Keys> {
+        let (keys, duplicate) = self.decl.declare(accesses);
+        TypedOp::new(self, keys, duplicate)
+    }
+
+    /// The op's target and declaration.
+    #[inline]
+    pub(super) fn into_parts(self) -> (&'a O, Declaration<'a>) {
+        (self.target, self.decl)
+    }
+}
+
+impl<'a> OpBuilder<'a> {
     /// Waits for room under the engine's bound on ops in flight
     /// ([`EngineBuilder::max_in_flight`](crate::EngineBuilder::max_in_flight)), then gives the builder back to
     /// [`run`](Self::run): a producer that pushes this way never runs more
@@ -301,7 +503,7 @@ impl<'a> OpBuilder<'a> {
     // 30 to 40 instructions an op (benches/push_cost.rs, builder and typed).
     #[inline]
     fn push<B: Body>(mut self, body: B) -> Result<OpHandle<B::Output>, Error> {
-        let engine = self.engine;
+        let engine = self.target;
         let shared = engine.shared();
         let device = self.decl.opts.device_index(shared)?;
         if let Some(e) = self.decl.opts.invalid.take() {
@@ -340,55 +542,120 @@ impl<'a> OpBuilder<'a> {
             body,
         )
     }
+}
 
-    /// Declares the op's variables as typed accesses, [`read`](crate::read)
-    /// and [`write`](crate::write) (one, or a tuple of up to eight), and
-    /// hands them to its body: `&T` for a read, `&mut T` for a write, in
-    /// order. Declaring a variable is what gives the body its access, so a
-    /// body cannot touch a variable it did not declare, nor mutate one it
-    /// only reads: it would not compile. Options set on the builder before
-    /// (name, priority, device, lane, units, more variables) apply. See
-    /// [`TypedOp`](crate::TypedOp).
+impl<'a, O: Ops + ?Sized> OpBuilder<'a, O, Reusable> {
+    /// Pushes the op (on an [`Engine`]: it runs once, as a
+    /// [`run`](OpBuilder::run) of `Engine::op`'s builder would) or records
+    /// it (on a [`Recorder`](crate::Recorder): it runs once per replay, and
+    /// its output is dropped).
     ///
-    /// ```
-    /// use depflow::{Engine, read, write};
+    /// # Errors
     ///
-    /// let engine = Engine::new();
-    /// let (x, y) = (engine.var(vec![1.0f32, 2.0]), engine.var(vec![1.0f32; 2]));
-    /// // y += 2 x
-    /// engine.op().name("axpy").with((read(&x), write(&y))).run(|(x, y)| {
-    ///     y.iter_mut().zip(x).for_each(|(y, x)| *y += 2.0 * x);
-    ///     Ok(())
-    /// })?;
-    /// assert_eq!(engine.get(&y).wait()?, vec![3.0, 5.0]);
-    /// # Ok::<(), depflow::Error>(())
-    /// ```
-    ///
-    /// Mutating a variable declared with `read` does not compile:
-    ///
-    /// ```compile_fail,E0594
-    /// use depflow::{Engine, read};
-    ///
-    /// let engine = Engine::new();
-    /// let x = engine.var(1);
-    /// engine.op().with(read(&x)).run(|x| {
-    ///     *x += 1; // cannot assign: `x` is `&i32`
-    ///     Ok(())
-    /// })?;
-    /// # Ok::<(), depflow::Error>(())
-    /// ```
+    /// As for [`Engine::push`], at once; and for a recorded op:
+    /// [`Error::GraphOwned`] for another graph's intermediate;
+    /// [`Error::Config`] for another engine's device; [`Error::Stream`]
+    /// for a lane the device lacks, or a lane given for a host device;
+    /// [`Error::OverCapacity`] and [`Error::ForeignResource`] as for
+    /// [`OpBuilder::uses`]; [`Error::Graph`] for
+    /// [`allocates`](Self::allocates), and for a device buffer declared
+    /// off its device.
     #[inline]
-    pub fn with<A: Accesses<'a>>(mut self, accesses: A) -> TypedOp<Self, A::Keys> {
-        let (keys, duplicate) = self.decl.declare(accesses);
-        TypedOp::new(self, keys, duplicate)
+    pub fn run<F, T>(self, f: F) -> Result<O::Handle<T>, Error>
+    where
+        F: Fn(&OpCtx) -> Result<T, BoxError> + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        O::submit(self, f)
     }
 }
+
+impl sealed::Sealed for Engine {}
+
+impl Ops for Engine {
+    type Handle<T: Send + 'static> = OpHandle<T>;
+
+    fn engine(&self) -> &Engine {
+        self
+    }
+
+    fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
+        Engine::var(self, value)
+    }
+
+    fn var_named<T: Send + Sync + 'static>(&self, name: &str, value: T) -> Var<T> {
+        Engine::var_named(self, name, value)
+    }
+
+    fn buffer<T: Element>(&self, len: usize) -> Buffer<T> {
+        Engine::buffer(self, len)
+    }
+
+    fn buffer_named<T: Element>(&self, name: &str, len: usize) -> Buffer<T> {
+        Engine::buffer_named(self, name, len)
+    }
+
+    #[inline]
+    fn submit<F, T>(op: OpBuilder<'_, Self, Reusable>, f: F) -> Result<OpHandle<T>, Error>
+    where
+        F: Fn(&OpCtx) -> Result<T, BoxError> + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        let (engine, decl) = op.into_parts();
+        OpBuilder::<Engine, Once>::declared(engine, decl).run(f)
+    }
+}
+
+/// Waits for room under the engine's bound on ops in flight; resolves to the
+/// [`OpBuilder`] to push with. Made by [`OpBuilder::when_room`].
+#[must_use = "a WhenRoom does nothing unless awaited or waited on"]
+#[derive(Debug)]
+pub struct WhenRoom<'a> {
+    builder: Option<OpBuilder<'a>>,
+}
+
+impl<'a> WhenRoom<'a> {
+    pub(super) fn new(builder: OpBuilder<'a>) -> Self {
+        Self {
+            builder: Some(builder),
+        }
+    }
+
+    /// Blocks the calling thread until there is room.
+    ///
+    /// # Errors
+    ///
+    /// While there is no room: [`Error::WaitsForItself`] inside an op of
+    /// this engine (see [`OpBuilder::when_room`]), [`Error::BlockingInOp`]
+    /// inside another engine's op, and [`Error::BlockingInRuntime`] inside a
+    /// tokio runtime (with the `tokio` feature); `.await` it there instead.
+    pub fn wait(self) -> Result<OpBuilder<'a>, Error> {
+        block_outside_ops(false, self)
+    }
+}
+
+impl<'a> Future for WhenRoom<'a> {
+    type Output = Result<OpBuilder<'a>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let builder = self
+            .builder
+            .as_ref()
+            .expect("WhenRoom polled after it resolved");
+        let room = std::task::ready!(poll_room(builder.target.shared(), cx));
+        let builder = self.builder.take();
+        Poll::Ready(room.map(|()| builder.expect("checked above")))
+    }
+}
+
+// An `OpBuilder` holds only shared references and owned data.
+impl Unpin for WhenRoom<'_> {}
 
 /// What an op declares: its variables (`reads` and `mutates` add up over
 /// calls; copied, so that the caller's slices need not outlive the
 /// statement), its options, and the outputs of its lasting units. Collected
-/// alike by [`OpBuilder`] and [`OpDecl`](crate::OpDecl) (and so
-/// [`RecordOp`](crate::RecordOp)), checked by whoever takes the op.
+/// by [`OpBuilder`] (for a push or a recording alike), checked by whoever
+/// takes the op.
 #[derive(Default)]
 pub(super) struct Declaration<'a> {
     pub(super) reads: Few<&'a dyn AnyVar>,

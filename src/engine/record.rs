@@ -15,12 +15,12 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use super::Engine;
-use super::handle::OpHandle;
-use super::op_builder::Declaration;
-use super::ops::{OpDecl, Ops};
+use super::handle::{OpHandle, block_outside_ops};
+use super::op_builder::sealed::Sealed;
+use super::op_builder::{Declaration, OpBuilder, Ops, Reusable};
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
-use super::when_room::ReplayRoom;
+use super::when_room::poll_room;
 use crate::dep::{
     AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, Var,
     distinct_edges, in_op, recorded_edges,
@@ -408,14 +408,14 @@ impl<'e> Recorder<'e> {
     }
 }
 
-/// An op being recorded, from [`Recorder::op`]: an [`OpDecl`] on a
-/// recorder, with the same declarations as [`OpBuilder`](crate::OpBuilder)
-/// (variables, typed accesses, name, priority, device, lane, units), and a
-/// body that runs once per replay.
-pub type RecordOp<'r, 'e> = OpDecl<'r, Recorder<'e>>;
+/// An op being recorded, from [`Recorder::op`]: an [`OpBuilder`] on a
+/// recorder, with the declarations of any (variables, typed accesses, name,
+/// priority, device, lane, units), and a body that runs once per replay.
+pub type RecordOp<'r, 'e> = OpBuilder<'r, Recorder<'e>, Reusable>;
 
 impl Recorder<'_> {
-    /// Records the op `decl` declares with its body (see [`OpDecl::run`]).
+    /// Records the op `decl` declares with its body (see
+    /// [`OpBuilder::run`](OpBuilder#method.run-1)).
     pub(super) fn record_op<F>(&self, mut decl: Declaration<'_>, f: F) -> Result<(), Error>
     where
         F: Fn(&OpCtx) -> Result<(), BoxError> + Send + Sync + 'static,
@@ -454,6 +454,41 @@ impl Recorder<'_> {
         let vars: Vec<&dyn AnyVar> = mutates.iter().chain(reads).copied().collect();
         recording.push(spec, Box::new(f), &vars);
         Ok(())
+    }
+}
+
+impl Sealed for Recorder<'_> {}
+
+impl Ops for Recorder<'_> {
+    type Handle<T: Send + 'static> = ();
+
+    fn engine(&self) -> &Engine {
+        self.engine
+    }
+
+    fn var<T: Send + Sync + 'static>(&self, value: T) -> Var<T> {
+        Recorder::var(self, value)
+    }
+
+    fn var_named<T: Send + Sync + 'static>(&self, name: &str, value: T) -> Var<T> {
+        Recorder::var_named(self, name, value)
+    }
+
+    fn buffer<T: Element>(&self, len: usize) -> Buffer<T> {
+        Recorder::buffer(self, len)
+    }
+
+    fn buffer_named<T: Element>(&self, name: &str, len: usize) -> Buffer<T> {
+        Recorder::buffer_named(self, name, len)
+    }
+
+    fn submit<F, T>(op: RecordOp<'_, '_>, f: F) -> Result<(), Error>
+    where
+        F: Fn(&OpCtx) -> Result<T, BoxError> + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        let (recorder, decl) = op.into_parts();
+        recorder.record_op(decl, move |ctx| f(ctx).map(drop))
     }
 }
 
@@ -745,6 +780,44 @@ impl Future for Replay {
             Ok(handle) => Pin::new(handle).poll(cx).map(flatten),
             Err(e) => Poll::Ready(Err(e.clone())),
         }
+    }
+}
+
+/// Waits for room under the engine's bound on ops in flight for one replay
+/// of a graph; resolves to the [`Graph`], to [`replay`](Graph::replay).
+/// Made by [`Graph::when_room`].
+#[must_use = "a ReplayRoom does nothing unless awaited or waited on"]
+#[derive(Debug)]
+pub struct ReplayRoom<'g> {
+    graph: Option<&'g Graph>,
+}
+
+impl<'g> ReplayRoom<'g> {
+    pub(super) fn new(graph: &'g Graph) -> Self {
+        Self { graph: Some(graph) }
+    }
+
+    /// Blocks the calling thread until there is room.
+    ///
+    /// # Errors
+    ///
+    /// As for [`WhenRoom::wait`](crate::WhenRoom::wait): while there is no room,
+    /// [`Error::WaitsForItself`] inside an op of this engine,
+    /// [`Error::BlockingInOp`] inside another engine's op, and
+    /// [`Error::BlockingInRuntime`] inside a tokio runtime.
+    pub fn wait(self) -> Result<&'g Graph, Error> {
+        block_outside_ops(false, self)
+    }
+}
+
+impl<'g> Future for ReplayRoom<'g> {
+    type Output = Result<&'g Graph, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let graph = self.graph.expect("ReplayRoom polled after it resolved");
+        let room = std::task::ready!(poll_room(graph.shared(), cx));
+        self.graph = None;
+        Poll::Ready(room.map(|()| graph))
     }
 }
 

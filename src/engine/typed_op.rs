@@ -1,7 +1,6 @@
 //! Typed access: an op whose declarations are what give its body access.
 //!
-//! [`OpBuilder::with`] (and [`OpDecl::with`], for pushed and recorded ops
-//! alike) takes the op's accesses, [`read(&x)`](read()) and
+//! [`OpBuilder::with`] (for pushed and recorded ops alike) takes the op's accesses, [`read(&x)`](read()) and
 //! [`write(&y)`](write()) (one, or a tuple of up to eight), declares their
 //! variables on the builder and returns a [`TypedOp`], whose body receives
 //! the values themselves, in order: `&X` for a read of a `Var<X>` (`&[X]`
@@ -19,8 +18,7 @@
 use std::future::Future;
 
 use super::handle::OpHandle;
-use super::op_builder::OpBuilder;
-use super::ops::{OpDecl, Ops};
+use super::op_builder::{OpBuilder, Ops, Reusable};
 use crate::dep::{AnyVar, OpCtx, Operand, TypedVar, VarMut, VarRef};
 use crate::error::{BoxError, Error, VarId};
 
@@ -263,7 +261,7 @@ mod tuple_impls {
 /// `with` on a builder `B`: an [`OpBuilder`] ([`OpBuilder::with`]: push it
 /// with [`run`](TypedOp::run) (the body gets `&T`/`&mut T`),
 /// [`run_with_ctx`](TypedOp::run_with_ctx) (and the [`OpCtx`]) or
-/// [`run_async`](TypedOp::run_async)), or an [`OpDecl`] ([`OpDecl::with`]:
+/// [`run_async`](TypedOp::run_async)), or an `OpBuilder<'_, O, Reusable>` ([`Ops::op`]:
 /// pushed or recorded by `run` or `run_with_ctx`, with a body that may run
 /// many times).
 ///
@@ -397,15 +395,15 @@ impl<'a, K: AccessKeys> TypedOp<OpBuilder<'a>, K> {
     }
 }
 
-impl<'a, O: Ops + ?Sized, K: AccessKeys> TypedOp<OpDecl<'a, O>, K> {
-    /// Pushes or records the op (see [`OpDecl::run`]) with a body that gets
+impl<'a, O: Ops + ?Sized, K: AccessKeys> TypedOp<OpBuilder<'a, O, Reusable>, K> {
+    /// Pushes or records the op (see [`OpBuilder::run`](OpBuilder#method.run-1)) with a body that gets
     /// the values of the declared variables in order: `&T` for a
     /// [`read()`] of a `Var<T>` (`&[T]` of a `Buffer<T>`), `&mut T` for a
     /// [`write()`]. The body may run many times (once per replay).
     ///
     /// # Errors
     ///
-    /// As for [`OpDecl::run`], and [`Error::Borrowed`] if the accesses name
+    /// As for [`OpBuilder::run`](OpBuilder#method.run-1), and [`Error::Borrowed`] if the accesses name
     /// a variable twice, once at least with [`write()`].
     ///
     /// ```
