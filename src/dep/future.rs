@@ -262,6 +262,7 @@ impl CurrentOp {
 }
 
 impl Drop for CurrentOp {
+    #[inline]
     fn drop(&mut self) {
         CURRENT.with(|c| c.set(self.0));
     }

@@ -70,9 +70,26 @@ pub(crate) enum Ran {
     /// The body failed or panicked (or an input was deleted): the op's
     /// outputs are poisoned with this failure, which the host recorded.
     Failed(Arc<OpFailure>),
-    /// Input `input` was poisoned by the earlier failure `cause`: the body
-    /// did not run, and the outputs carry the poison on.
-    Skipped { input: VarId, cause: Arc<OpFailure> },
+    /// An input was poisoned by an earlier failure: the body did not run,
+    /// and the outputs carry the poison on. Boxed, so that a `Ran` stays
+    /// two words on the replay's path (a skip is rare).
+    Skipped(Box<PoisonedInput>),
+}
+
+/// The input whose poison made a recorded op skip, and the failure behind
+/// it (as `Error::Poisoned` says them).
+#[derive(Debug)]
+pub(crate) struct PoisonedInput {
+    pub(crate) input: VarId,
+    pub(crate) cause: Arc<OpFailure>,
+}
+
+impl Ran {
+    /// Skipped for `input`, poisoned by `cause`.
+    #[cold]
+    pub(crate) fn skipped(input: VarId, cause: Arc<OpFailure>) -> Self {
+        Ran::Skipped(Box::new(PoisonedInput { input, cause }))
+    }
 }
 
 /// A recorded op's resident task.
@@ -269,7 +286,7 @@ pub(crate) fn run_recorded<H: Host>(op: &Resident, body: &RecordedBody, host: &H
     let ran = match op.blocked_by_edges(edges, false) {
         Some(Skip::Poisoned { input, cause }) => {
             op.fail(&cause);
-            Ran::Skipped { input, cause }
+            Ran::skipped(input, cause)
         }
         Some(Skip::Deleted(var)) => failed(op, FailureKind::InputDeleted(var), host),
         Some(Skip::Cancelled) => unreachable!("a recorded op is never cancelled"),

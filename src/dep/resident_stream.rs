@@ -179,7 +179,7 @@ pub(crate) fn complete_recorded<H: Host>(slot: &StreamSlot, host: &H) -> Option<
     };
     Some(match fence.failure() {
         None => Ran::Succeeded,
-        Some(FenceFailure::Inherited { input, cause }) => Ran::Skipped { input, cause },
+        Some(FenceFailure::Inherited { input, cause }) => Ran::skipped(input, cause),
         Some(FenceFailure::Own(failure)) => {
             host.record_failure(failure.clone());
             Ran::Failed(failure)
@@ -241,7 +241,7 @@ fn skipped<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Ran {
     match why {
         Skip::Poisoned { input, cause } => {
             op.fail(&cause);
-            Ran::Skipped { input, cause }
+            Ran::skipped(input, cause)
         }
         Skip::Deleted(var) => failed(op, FailureKind::InputDeleted(var), host),
         Skip::Cancelled => unreachable!("a recorded op is never cancelled"),

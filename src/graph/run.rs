@@ -383,7 +383,10 @@ impl<H: Host> Runtime<H> {
             match ran {
                 Ran::Succeeded => {}
                 Ran::Failed(f) => self.fail(Error::Failed(f)),
-                Ran::Skipped { input, cause } => self.fail(Error::Poisoned { input, cause }),
+                Ran::Skipped(p) => self.fail(Error::Poisoned {
+                    input: p.input,
+                    cause: p.cause,
+                }),
             }
             let (mut next, mut urgent) = (None, false);
             for &s in self.successors(op) {

@@ -242,7 +242,10 @@ impl<H: Host> Runtime<H> {
         match ran {
             Ran::Succeeded => {}
             Ran::Failed(f) => self.fail(Error::Failed(f)),
-            Ran::Skipped { input, cause } => self.fail(Error::Poisoned { input, cause }),
+            Ran::Skipped(p) => self.fail(Error::Poisoned {
+                input: p.input,
+                cause: p.cause,
+            }),
         }
         self.satisfy(op, false, enqueued);
         // The last thing touched: see `run_from`.
