@@ -36,10 +36,9 @@ impl Watch for () {}
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
-/// The work failed.
+/// The work failed (its own failure, or one it ran behind: the failure
+/// value `F` tells which).
 const FAILED: u8 = 2;
-/// The work ran behind a failed fence: it failed with that fence's cause.
-const POISONED: u8 = 3;
 
 /// One op's work on a stream: done or not, and how it ended. `E` is the
 /// device's event (a unit in the loom models), `F` what a failure is.
@@ -171,12 +170,6 @@ impl<E: Watch, F: Clone> Fence<E, F> {
             Ok(()) => self.finish(DONE, None),
             Err(failure) => self.finish(FAILED, Some(failure)),
         }
-    }
-
-    /// Completes the fence (once) as failed by `cause`, the failure of a
-    /// fence it waited for, and wakes its waiters.
-    pub fn complete_inherited(&self, cause: F) {
-        self.finish(POISONED, Some(cause));
     }
 
     fn finish(&self, state: u8, failure: Option<F>) {

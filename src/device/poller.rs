@@ -329,7 +329,7 @@ fn complete(entry: Entry, outcome: Result<(), String>, wake: &Wake) {
         Some(Arc::new(OpFailure::new(name, FailureKind::Device(message))))
     };
     match inherited {
-        Some(inherited) => fence.complete_inherited(inherited),
+        Some(inherited) => fence.complete(Err(inherited)),
         None => match own() {
             Some(failure) => fence.complete(Err(FenceFailure::Own(failure))),
             None => fence.complete(Ok(())),

@@ -63,8 +63,8 @@ use crate::error::{BoxError, Error};
 /// rank failed. So the collective fails on *every* rank, with
 /// [`Error::Collective`] naming the lowest failing rank and carrying its
 /// own failure in words, up to 256 bytes (cut with an ellipsis), e.g.
-/// ``grad: rank 1 failed its part (its op did not run: an input was
-/// poisoned because op `load` failed: NaN on rank 1): …`` (that rank
+/// ``grad: rank 1 failed its part (its op did not run: input `x` (var#7)
+/// was poisoned because op `load` failed: NaN on rank 1): …`` (that rank
 /// itself reports its own failure), its outputs poisoned, and the ranks
 /// stay in step for the collectives after it: a failure propagates instead
 /// of leaving the other ranks waiting forever in MPI. The words cost one
