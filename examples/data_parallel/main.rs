@@ -7,6 +7,7 @@
 //! cargo run --release --example data_parallel -- --epochs 3
 //! cargo run --release --example data_parallel -- --comm
 //! cargo run --release --example data_parallel -- --simulated-gpus
+//! cargo run --release --features cuda --example data_parallel -- --cuda
 //! cargo run --release --example data_parallel -- --trace /tmp/dp
 //! ```
 //!
@@ -14,6 +15,12 @@
 //! the epochs is written as Chrome trace-event JSON to `PREFIX1.json`,
 //! `PREFIX2.json`, `PREFIX4.json` (open them in Perfetto): which reduction
 //! ran when, on which device, next to which backward op.
+//!
+//! With `--cuda` (built with `--features cuda`) device `d` is CUDA device
+//! `d` (`Executor::cuda(d, 1)`), for the device counts the machine has
+//! (one device per GPU: the engine refuses two on one GPU); the bodies are
+//! the same host code, run on each device's launcher thread with its
+//! context current, as on simulated GPUs.
 //!
 //! With `--simulated-gpus` the devices are simulated GPUs
 //! (`Executor::simulated_gpu`): the splits go to their host-to-device lane,
@@ -59,12 +66,19 @@ struct Run {
 }
 
 /// What the command line asks for.
+#[derive(Clone, Copy, PartialEq)]
+enum Devices {
+    Cpu,
+    SimulatedGpus,
+    Cuda,
+}
+
 struct Args {
     epochs: usize,
     /// Reductions on a communication device of their own per device.
     comm: bool,
-    /// Simulated GPUs instead of CPU devices.
-    gpus: bool,
+    /// What each device is.
+    devices: Devices,
     /// Where to write each device count's trace (Chrome JSON), if asked.
     trace: Option<String>,
 }
@@ -73,10 +87,15 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
     let (epochs, comm) = (args.epochs, args.comm);
     let mut b = Engine::builder().threads(1).tracing(Tracing::Paused);
     for d in 0..n {
-        let exec = if args.gpus {
-            Executor::simulated_gpu(1)
-        } else {
-            Executor::pool(1)
+        let exec = match args.devices {
+            Devices::Cpu => Executor::pool(1),
+            Devices::SimulatedGpus => Executor::simulated_gpu(1),
+            #[cfg(feature = "cuda")]
+            Devices::Cuda => Executor::cuda(d, 1),
+            // run() refuses --cuda where there is no CUDA device, which is
+            // always without the feature.
+            #[cfg(not(feature = "cuda"))]
+            Devices::Cuda => unreachable!("--cuda without the cuda feature"),
         };
         b = b.device(format!("cpu{d}"), exec);
         if comm {
@@ -120,8 +139,8 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
     }
     // On a stream device an op's span runs from its launch until the
     // poller sees its event: not the time its work ran. No figure there.
-    let overlap =
-        (n > 1 && !args.gpus).then(|| Overlap::measure(&trace, |op| op.name() == Some("backward")));
+    let overlap = (n > 1 && args.devices == Devices::Cpu)
+        .then(|| Overlap::measure(&trace, |op| op.name() == Some("backward")));
     let replica = |d: usize| mlp.replica(&group, d);
     let first = replica(0)?;
     let mut identical = true;
@@ -140,13 +159,13 @@ fn train(data: &Data, n: usize, args: &Args) -> Result<Run, Error> {
 fn args() -> Result<Args, Error> {
     let usage = || {
         Error::Config(
-            "usage: data_parallel [--epochs N] [--comm] [--simulated-gpus] [--trace PREFIX]".into(),
+            "usage: data_parallel [--epochs N] [--comm] [--simulated-gpus | --cuda] [--trace PREFIX]".into(),
         )
     };
     let mut args = Args {
         epochs: DEFAULT_EPOCHS,
         comm: false,
-        gpus: false,
+        devices: Devices::Cpu,
         trace: None,
     };
     let mut it = std::env::args().skip(1);
@@ -160,7 +179,8 @@ fn args() -> Result<Args, Error> {
                     .ok_or_else(usage)?
             }
             "--comm" => args.comm = true,
-            "--simulated-gpus" => args.gpus = true,
+            "--simulated-gpus" => args.devices = Devices::SimulatedGpus,
+            "--cuda" => args.devices = Devices::Cuda,
             "--trace" => args.trace = Some(it.next().ok_or_else(usage)?),
             _ => return Err(usage()),
         }
@@ -172,10 +192,23 @@ fn run() -> Result<bool, Error> {
     let args = args()?;
     let epochs = args.epochs;
     let data = Data::load(SEED);
-    let kind = if args.gpus {
-        "simulated GPUs"
-    } else {
-        "CPU devices"
+    let kind = match args.devices {
+        Devices::Cpu => "CPU devices",
+        Devices::SimulatedGpus => "simulated GPUs",
+        Devices::Cuda => "CUDA devices",
+    };
+    let counts: Vec<usize> = match args.devices {
+        Devices::Cuda => {
+            let gpus = depflow::stream::cuda_device_count();
+            if gpus == 0 {
+                return Err(Error::Config(
+                    "--cuda: no CUDA device (built without the `cuda` feature, no driver or no GPU)"
+                        .into(),
+                ));
+            }
+            [1, 2, 4].into_iter().filter(|&n| n <= gpus).collect()
+        }
+        _ => vec![1, 2, 4],
     };
     println!(
         "digits: {} training, {} held-out samples; MLP {FEATURES}-{:?}-{CLASSES}; batch {} split over the devices ({kind}), {epochs} epochs",
@@ -185,7 +218,7 @@ fn run() -> Result<bool, Error> {
         BATCH,
     );
     let mut ok = true;
-    for n in [1, 2, 4] {
+    for n in counts {
         let r = train(&data, n, &args)?;
         let losses: Vec<String> = r.losses.iter().map(|l| format!("{l:.3}")).collect();
         println!("{n} device(s): loss by epoch [{}]", losses.join(", "));
