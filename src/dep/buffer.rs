@@ -8,7 +8,8 @@
 //! gives every slot an offset, so that buffers never live at once may
 //! share bytes (see `crate::graph::plan`). The arena's memory is taken the
 //! first time a replay touches a buffer, zeroed, and kept for the next
-//! replays; a buffer's bytes are the previous owner's leftovers until its
+//! replays; if it cannot be allocated, that access fails with an error (the
+//! op fails, and the next access tries again), never an abort. A buffer's bytes are the previous owner's leftovers until its
 //! first writer writes them (the graph refuses a recording that reads a
 //! buffer before writing it).
 //!
@@ -21,7 +22,7 @@
 //! | field | written by | read by |
 //! | --- | --- | --- |
 //! | `Arena::offsets` | the recording's end (once) | ops of replays |
-//! | `Arena::memory` | the first access of the first replay (once) | ops of replays |
+//! | `Arena::memory` | the first access of the first replay (once, under `Arena::allocating`) | ops of replays |
 //! | the arena's bytes | ops holding a buffer mutably, in its planned range | ops holding it |
 
 // `unsafe`: slices of the arena, under the graph's ordering; each block says
@@ -30,7 +31,7 @@
 
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::ctx::{OpCtx, Operand, TypedVar, VarMut, VarRef, operand_sealed};
 use super::var::{AnyVar, Var, VarCore, VarHold, VarKey, sealed};
@@ -66,6 +67,10 @@ pub(crate) struct Arena {
     /// the recording's end.
     plan: OnceLock<(Box<[usize]>, usize)>,
     memory: OnceLock<Box<[Line]>>,
+    /// Held while allocating `memory`, so that ops touching the arena at
+    /// once allocate it once (an allocation that fails sets nothing: the
+    /// next access tries again).
+    allocating: Mutex<()>,
 }
 
 // SAFETY: the bytes are reached only through `OpCtx::read_buffer`/`write_buffer`,
@@ -103,16 +108,41 @@ impl Arena {
             .plan
             .get()
             .ok_or_else(|| Error::Graph("a buffer used before its recording ended".into()))?;
-        let memory = self.memory.get_or_init(|| {
-            (0..bytes.div_ceil(64))
-                .map(|_| Line(UnsafeCell::new([0; 64])))
-                .collect()
-        });
+        let memory = match self.memory.get() {
+            Some(memory) => memory,
+            None => self.allocate(*bytes)?,
+        };
         let base: *mut u8 =
             UnsafeCell::raw_get(memory.as_ptr().cast::<UnsafeCell<[u8; 64]>>()).cast();
         // SAFETY: the plan keeps every buffer's range inside the arena.
         Ok(unsafe { base.add(offsets[slot as usize]) })
     }
+
+    /// Takes the arena's `bytes` of zeroed memory, or says why it cannot:
+    /// a failed allocation is an error of the access, never an abort.
+    #[cold]
+    fn allocate(&self, bytes: usize) -> Result<&[Line], Error> {
+        let _only = self.allocating.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(memory) = self.memory.get() {
+            return Ok(memory);
+        }
+        let lines = bytes.div_ceil(64);
+        let mut memory: Vec<Line> = Vec::new();
+        memory.try_reserve_exact(lines).map_err(|_| {
+            Error::Graph(format!(
+                "the planned buffers' memory ({bytes} bytes) could not be allocated"
+            ))
+        })?;
+        memory.resize_with(lines, || Line(UnsafeCell::new([0; 64])));
+        Ok(self.memory.get_or_init(|| memory.into_boxed_slice()))
+    }
+}
+
+/// The bytes of `len` values of `T`, or `None` past what one allocation
+/// may hold (`isize::MAX` bytes).
+pub(crate) fn buffer_bytes<T: Element>(len: usize) -> Option<usize> {
+    len.checked_mul(size_of::<T>())
+        .filter(|&b| b <= isize::MAX as usize)
 }
 
 /// `len` values of `T` that ops declare like a variable and whose bodies
@@ -168,10 +198,10 @@ impl<T: Element> Buffer<T> {
 
     /// A buffer outside any graph, on variable `var`: an arena of its own,
     /// planned for this one buffer.
+    /// A length whose bytes overflow gets an arena that cannot be
+    /// allocated: its first access fails with an error.
     pub(crate) fn standalone(var: Var<()>, len: usize) -> Self {
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .expect("buffer size overflows");
+        let bytes = buffer_bytes::<T>(len).unwrap_or(usize::MAX);
         let arena = Arena::default();
         arena.set_plan(Box::new([0]), bytes);
         Self::new(var, Arc::new(arena), 0, len)

@@ -56,6 +56,7 @@ mod var;
 pub(crate) use self::block::{Mode, OpBlock, OpSpec, Runner};
 pub(crate) use self::body::{AsyncBody, Body, SyncBody};
 pub(crate) use self::buffer::Arena;
+pub(crate) use self::buffer::buffer_bytes;
 pub use self::buffer::{Buffer, Element};
 pub(crate) use self::ctx::Env;
 pub use self::ctx::{Device, OpCtx, Operand, TypedVar, VarMut, VarRef};

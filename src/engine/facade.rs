@@ -208,9 +208,10 @@ impl Engine {
     /// # Ok::<(), depflow::Error>(())
     /// ```
     ///
-    /// # Panics
-    ///
-    /// If `len` values of `T` overflow `usize` bytes.
+    /// The memory is taken, zeroed, when an op first touches the buffer:
+    /// if it cannot be allocated (or `len` values of `T` are more bytes than
+    /// one allocation may hold), that op fails with [`Error::Graph`]
+    /// saying so; nothing panics or aborts.
     pub fn buffer<T: Element>(&self, len: usize) -> Buffer<T> {
         Buffer::standalone(Var::new(self.shared().id, ()), len)
     }

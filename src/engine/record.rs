@@ -23,7 +23,7 @@ use super::shutdown::ShutdownOnDrop;
 use super::when_room::poll_room;
 use crate::dep::{
     AnyVar, Buffer, Device, DeviceArena, DeviceBuffer, Element, Host, Mode, OpCtx, OpSpec, Var,
-    distinct_edges, in_op, recorded_edges,
+    buffer_bytes, distinct_edges, in_op, recorded_edges,
 };
 use crate::error::{BoxError, Error, VarId};
 use crate::graph::analysis::{Analysed, Recording, analyse};
@@ -178,6 +178,12 @@ impl<'e> Recorder<'e> {
     /// memory the graph takes on the first replay that touches it and
     /// shares with buffers never live at the same time (see
     /// [`Graph::plan`]). Its first op in recorded order must mutate it.
+    ///
+    /// If `len` values of `T` are more bytes than one allocation may hold
+    /// (`isize::MAX`), the recording fails with [`Error::Graph`] at its
+    /// end. If the planned memory cannot be allocated when a replay first
+    /// touches it, the op touching it fails with [`Error::Graph`] (and the
+    /// replay with it); nothing panics or aborts.
     pub fn buffer<T: Element>(&self, len: usize) -> Buffer<T> {
         self.make_buffer(len, None)
     }
@@ -192,12 +198,17 @@ impl<'e> Recorder<'e> {
         let recording = &mut *self.recording.borrow_mut();
         let var = Var::intermediate(self.engine.shared().id, (), recording.graph, name);
         let slot = u32::try_from(recording.buffers.len()).expect("at most 2^32 buffers");
-        recording.buffers.push((
-            var.id(),
-            len.checked_mul(size_of::<T>())
-                .expect("buffer size overflows"),
-            align_of::<T>(),
-        ));
+        let bytes = buffer_bytes::<T>(len).unwrap_or_else(|| {
+            recording.refused.get_or_insert_with(|| {
+                Error::Graph(format!(
+                    "buffer {}: {len} values of {} bytes are more than one allocation may hold",
+                    var.id(),
+                    size_of::<T>()
+                ))
+            });
+            0
+        });
+        recording.buffers.push((var.id(), bytes, align_of::<T>()));
         Buffer::new(var, recording.arena.clone(), slot, len)
     }
 
@@ -263,9 +274,12 @@ impl<'e> Recorder<'e> {
         }
         let recording = &mut *self.recording.borrow_mut();
         let var = Var::intermediate(shared.id, (), recording.graph, name);
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .expect("buffer size overflows");
+        let bytes = buffer_bytes::<T>(len).ok_or_else(|| {
+            Error::Graph(format!(
+                "a device buffer of {len} values of {} bytes: more than one allocation may hold",
+                size_of::<T>()
+            ))
+        })?;
         let (arena, slot) = recording.device_slot(device.index, var.id(), bytes, align_of::<T>());
         Ok(DeviceBuffer::new(var, arena, slot, len))
     }
@@ -378,6 +392,7 @@ impl<'e> Recorder<'e> {
     /// Analyses the recording into a graph.
     fn finish(self) -> Result<Graph, Error> {
         let shared = self.engine.shared();
+        // A refused buffer (`Recording::refused`) fails the analysis.
         let mut analysed = analyse(self.recording.into_inner(), shared.clone())?;
         analysed.mutates.push(Box::new(Var::new(shared.id, ())));
         let capture = match self.capture {

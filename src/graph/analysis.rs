@@ -38,6 +38,10 @@ pub(crate) struct Recording {
     pub(crate) device: Vec<DeviceBuffers>,
     /// Each device buffer's device, by id.
     pub(crate) device_of: HashMap<VarId, u16>,
+    /// The first buffer the recording could not make (its size overflows):
+    /// `Recorder::buffer` returns a buffer regardless, and the recording
+    /// fails with this at its end.
+    pub(crate) refused: Option<Error>,
 }
 
 /// One device arena of a recording, and the buffers declared in it.
@@ -174,7 +178,11 @@ pub(crate) fn analyse<H: Host>(recording: Recording, host: Arc<H>) -> Result<Ana
         arena,
         device,
         device_of: _,
+        refused,
     } = recording;
+    if let Some(refused) = refused {
+        return Err(refused);
+    }
 
     // Dense variable numbers, in order of first use.
     let mut numbers: HashMap<VarId, u32> = HashMap::new();
