@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use super::dag::{Access, Dag, DagEdge, HappensBefore};
 use super::dot::DotVar;
-use super::plan::{self, conflicts_parallel, conflicts_sequential};
+use super::plan::{
+    self, conflicts_parallel, conflicts_sequential, horizons_parallel, horizons_sequential,
+};
 use super::run::{Runtime, Schedule};
 use super::{GraphEdge, GraphOp, MemoryPlan, Order, PlannedBuffer};
 use crate::dep::{AnyVar, Arena, Device, DeviceArena, DeviceArenas, Host, OpSpec, RecordedBody};
@@ -335,10 +337,15 @@ fn plan_buffers(
         }
     }
     let planned = match order {
-        Order::Sequential => plan::plan(&buffers, conflicts_sequential(&buffers)),
+        Order::Sequential => plan::plan(
+            &buffers,
+            conflicts_sequential(&buffers),
+            &horizons_sequential(&buffers),
+        ),
         Order::Parallel => {
             let before = HappensBefore::of(dag);
-            plan::plan(&buffers, conflicts_parallel(&before, &buffers))
+            let horizons = horizons_parallel(&before, &buffers);
+            plan::plan(&buffers, conflicts_parallel(&before, &buffers), &horizons)
         }
     };
     let plan = MemoryPlan {

@@ -15,6 +15,9 @@ pub(crate) struct Reach {
     n: usize,
     words: usize,
     ancestors: Vec<u64>,
+    /// Per node `u`: the least `s > u` such that every node from `s` on
+    /// happens after `u`.
+    settled: Vec<u32>,
 }
 
 impl Reach {
@@ -39,11 +42,41 @@ impl Reach {
                 row[p / 64] |= 1 << (p % 64);
             }
         }
+        // Latest first: the first node found that `u` does not reach sets
+        // `u`'s `settled`; `open` holds the nodes not yet settled so.
+        let mut settled: Vec<u32> = (1..=n as u32).collect();
+        let mut open = vec![u64::MAX; words];
+        for x in (1..n).rev() {
+            let row = &ancestors[x * words..(x + 1) * words];
+            for w in 0..x.div_ceil(64) {
+                let below_x = if (w + 1) * 64 <= x {
+                    u64::MAX
+                } else {
+                    (1 << (x % 64)) - 1
+                };
+                let mut missed = open[w] & !row[w] & below_x;
+                open[w] &= !missed;
+                while missed != 0 {
+                    settled[w * 64 + missed.trailing_zeros() as usize] = x as u32 + 1;
+                    missed &= missed - 1;
+                }
+            }
+        }
         Reach {
             n,
             words,
             ancestors,
+            settled,
         }
+    }
+
+    /// The least node `s` past every use such that every node from `s` on
+    /// happens after all `uses`.
+    pub(crate) fn settled(&self, uses: &[u32]) -> u32 {
+        uses.iter()
+            .map(|&u| self.settled[u as usize])
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether `a` happens before `b`: `a ≠ b` and a path `a → b`.
@@ -70,6 +103,8 @@ impl Reach {
 pub(crate) struct Barriers {
     /// `before[i]`: the number of barriers among nodes `0..i`.
     before: Vec<u32>,
+    /// `next[i]`: the first barrier at or after node `i` (`n` if none).
+    next: Vec<u32>,
 }
 
 impl Barriers {
@@ -106,7 +141,30 @@ impl Barriers {
         for (i, &b) in barrier.iter().enumerate() {
             before.push(before[i] + u32::from(b));
         }
-        Barriers { before }
+        let mut next = vec![n as u32; n];
+        for i in (0..n).rev() {
+            next[i] = if barrier[i] {
+                i as u32
+            } else {
+                next.get(i + 1).copied().unwrap_or(n as u32)
+            };
+        }
+        Barriers { before, next }
+    }
+
+    /// The first node from which a barrier orders every node after all
+    /// `uses` ([`Barriers::ordered`]): past the last use, the first barrier
+    /// at or after it (past it, if the last use is one); the graph's end if
+    /// there is none.
+    pub(crate) fn settled(&self, uses: &[u32]) -> u32 {
+        let Some(&last) = uses.iter().max() else {
+            return 0;
+        };
+        match self.next.get(last as usize) {
+            Some(&b) if b == last => last + 1,
+            Some(&b) => b,
+            None => last + 1,
+        }
     }
 
     /// Whether a barrier separates the uses: the last of `a_uses` comes
@@ -144,6 +202,18 @@ impl HappensBefore {
         match self {
             HappensBefore::Reach(r) => r.ordered(a_uses, b_uses),
             HappensBefore::Barriers(b) => b.ordered(a_uses, b_uses),
+        }
+    }
+
+    /// The least node past every one of `uses` from which every node
+    /// happens after all of them as [`ordered`](Self::ordered) sees it: two
+    /// sets of uses each before the other's `settled` are never ordered
+    /// either way, and one whose `settled` is at or before every use of the
+    /// other is ordered before it.
+    pub(crate) fn settled(&self, uses: &[u32]) -> u32 {
+        match self {
+            HappensBefore::Reach(r) => r.settled(uses),
+            HappensBefore::Barriers(b) => b.settled(uses),
         }
     }
 }

@@ -132,8 +132,12 @@ fn chains_take_the_largest_adjacent_pair() {
         let (bs, dag) = chain(sizes);
         let pair = sizes.windows(2).map(|w| w[0] + w[1]).max().unwrap();
         let before = HappensBefore::of(&dag);
-        let parallel = plan(&bs, conflicts_parallel(&before, &bs));
-        let sequential = plan(&bs, conflicts_sequential(&bs));
+        let parallel = plan(
+            &bs,
+            conflicts_parallel(&before, &bs),
+            &horizons_parallel(&before, &bs),
+        );
+        let sequential = plan(&bs, conflicts_sequential(&bs), &horizons_sequential(&bs));
         check(&bs, &parallel, &conflicts_parallel(&before, &bs));
         assert_eq!(
             (parallel.arena_bytes, sequential.arena_bytes),
@@ -150,7 +154,13 @@ fn greedy_by_size_misses_on_some_chains() {
     // the 5 and the second 6, finds no gap: 12. Best: 1 at 0, 6 at 1.
     let (bs, _) = chain(&[6, 5, 1, 6]);
     let c = conflicts_sequential(&bs);
-    assert_eq!((plan(&bs, &c).arena_bytes, optimum(&bs, &c)), (12, 11));
+    assert_eq!(
+        (
+            plan(&bs, &c, &horizons_sequential(&bs)).arena_bytes,
+            optimum(&bs, &c)
+        ),
+        (12, 11)
+    );
 }
 
 #[test]
@@ -174,7 +184,11 @@ fn known_dags() {
         buf(10, &[3]),
     ];
     let before = HappensBefore::of(&d);
-    let p = plan(&bs, conflicts_parallel(&before, &bs));
+    let p = plan(
+        &bs,
+        conflicts_parallel(&before, &bs),
+        &horizons_parallel(&before, &bs),
+    );
     check(&bs, &p, &conflicts_parallel(&before, &bs));
     assert_eq!(
         (p.arena_bytes, p.offsets[3], p.peak_live_bytes),
@@ -195,7 +209,15 @@ fn known_dags() {
         buf(1, &[3, 4]),
     ];
     let before = HappensBefore::of(&d);
-    assert_eq!(plan(&bs, conflicts_parallel(&before, &bs)).arena_bytes, 15);
+    assert_eq!(
+        plan(
+            &bs,
+            conflicts_parallel(&before, &bs),
+            &horizons_parallel(&before, &bs)
+        )
+        .arena_bytes,
+        15
+    );
 }
 
 #[test]
@@ -210,8 +232,19 @@ fn independent_branches_share_in_order_but_not_in_parallel() {
     let bs = [buf(16, &[0, 1]), buf(16, &[2, 3])];
     let before = HappensBefore::of(&d);
     assert!(!conflicts_sequential(&bs)(0, 1) && conflicts_parallel(&before, &bs)(0, 1));
-    assert_eq!(plan(&bs, conflicts_sequential(&bs)).arena_bytes, 16);
-    assert_eq!(plan(&bs, conflicts_parallel(&before, &bs)).arena_bytes, 32);
+    assert_eq!(
+        plan(&bs, conflicts_sequential(&bs), &horizons_sequential(&bs)).arena_bytes,
+        16
+    );
+    assert_eq!(
+        plan(
+            &bs,
+            conflicts_parallel(&before, &bs),
+            &horizons_parallel(&before, &bs)
+        )
+        .arena_bytes,
+        32
+    );
 }
 
 #[test]
@@ -230,7 +263,7 @@ fn unused_and_empty_buffers() {
         },
     ];
     let c = conflicts_sequential(&bs);
-    let p = plan(&bs, &c);
+    let p = plan(&bs, &c, &horizons_sequential(&bs));
     check(&bs, &p, &c);
     assert_eq!(
         (
@@ -295,7 +328,10 @@ fn greedy_against_the_optimum_on_small_instances() {
             let bs = buffers(&mut rng, n, count, 16, mode);
             let before = HappensBefore::of(&d);
             let c = conflicts_parallel(&before, &bs);
-            let (greedy, best) = (plan(&bs, &c), optimum(&bs, &c));
+            let (greedy, best) = (
+                plan(&bs, &c, &horizons_parallel(&before, &bs)),
+                optimum(&bs, &c),
+            );
             check(&bs, &greedy, &c);
             assert!(best <= greedy.arena_bytes && greedy.peak_live_bytes <= best);
             equal += usize::from(greedy.arena_bytes == best);
@@ -327,7 +363,7 @@ fn random_plans_share_only_what_happens_before_allows() {
         let sequential = conflicts_sequential(&bs);
         for (k, before) in [&exact, &fallback].into_iter().enumerate() {
             let c = conflicts_parallel(before, &bs);
-            let p = plan(&bs, &c);
+            let p = plan(&bs, &c, &horizons_parallel(before, &bs));
             check(&bs, &p, &c);
             for a in 0..bs.len() {
                 for b in 0..a {
@@ -346,9 +382,111 @@ fn random_plans_share_only_what_happens_before_allows() {
                 }
             }
         }
-        let p = plan(&bs, &sequential);
+        let p = plan(&bs, &sequential, &horizons_sequential(&bs));
         check(&bs, &p, &sequential);
     }
     eprintln!("pairs sharing memory: {shared:?}");
     assert!(shared[0] > shared[1] && shared[1] > 0, "{shared:?}");
+}
+
+/// A conflict relation, whichever it is.
+type Conflict<'a> = dyn Fn(usize, usize) -> bool + 'a;
+
+/// Horizons only prune: buffers with disjoint horizons never conflict, and
+/// the plan is the one a scan of every placed buffer gives (horizons
+/// spanning everything), with Reach, with the fallback and in order; and
+/// a plan out of its test budget still never overlaps conflicting buffers.
+#[test]
+fn horizons_prune_without_changing_the_plan() {
+    let mut rng = Rng(5);
+    for case in 0..300 {
+        let n = 1 + rng.below(if case % 10 == 0 { 3000 } else { 300 });
+        let vars = 1 + rng.below(12);
+        let d = dag(&recording(&mut rng, n, vars));
+        let count = rng.below(60);
+        let mode = (rng.below(2) == 0, rng.below(2) == 0);
+        let bs = buffers(&mut rng, n, count, 100, mode);
+        let everything: Vec<_> = bs
+            .iter()
+            .map(|b| (!b.uses.is_empty()).then_some((0, n as u32)))
+            .collect();
+        let exact = HappensBefore::Reach(Reach::of(&d));
+        let fallback = HappensBefore::Barriers(Barriers::of(&d));
+        let sequential = conflicts_sequential(&bs);
+        let runs: [(&Conflict<'_>, Vec<_>); 3] = [
+            (
+                &conflicts_parallel(&exact, &bs),
+                horizons_parallel(&exact, &bs),
+            ),
+            (
+                &conflicts_parallel(&fallback, &bs),
+                horizons_parallel(&fallback, &bs),
+            ),
+            (&sequential, horizons_sequential(&bs)),
+        ];
+        for (k, (c, horizons)) in runs.iter().enumerate() {
+            for a in 0..bs.len() {
+                for b in 0..a {
+                    if let (Some((fa, sa)), Some((fb, sb))) = (horizons[a], horizons[b]) {
+                        assert!(
+                            fa < sb && fb < sa || !c(a, b),
+                            "case {case}, relation {k}: {a} and {b} conflict, horizons disjoint"
+                        );
+                    }
+                }
+            }
+            let pruned = plan(&bs, c, horizons);
+            assert_eq!(
+                pruned,
+                plan(&bs, c, &everything),
+                "case {case}, relation {k}"
+            );
+            let bounded = plan_bounded(&bs, c, horizons, 0);
+            check(&bs, &bounded, c);
+        }
+    }
+}
+
+/// `settled` against a search: every node from it on happens after all the
+/// uses, and (with Reach) the node before it, if past every use, does not.
+#[test]
+fn settled_is_where_every_later_node_is_ordered_after() {
+    let mut rng = Rng(11);
+    for case in 0..200 {
+        let n = 1 + rng.below(150);
+        let vars = 1 + rng.below(8);
+        let d = dag(&recording(&mut rng, n, vars));
+        let reach = Reach::of(&d);
+        for before in [
+            HappensBefore::Reach(reach.clone()),
+            HappensBefore::Barriers(Barriers::of(&d)),
+        ] {
+            for _ in 0..20 {
+                let mut uses: Vec<u32> =
+                    (0..1 + rng.below(3)).map(|_| rng.below(n) as u32).collect();
+                uses.sort_unstable();
+                uses.dedup();
+                let s = before.settled(&uses);
+                let last = *uses.last().unwrap();
+                assert!(
+                    s > last && s as usize <= n,
+                    "case {case}: {uses:?} settled at {s}"
+                );
+                for x in s..n as u32 {
+                    assert!(
+                        before.ordered(&uses, &[x]),
+                        "case {case}: {uses:?} not before {x}"
+                    );
+                }
+                if let HappensBefore::Reach(_) = before
+                    && s > last + 1
+                {
+                    assert!(
+                        !reach.ordered(&uses, &[s - 1]),
+                        "case {case}: {uses:?} settles before {s}"
+                    );
+                }
+            }
+        }
+    }
 }
