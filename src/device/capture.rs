@@ -186,7 +186,12 @@ impl Stream {
     /// graph's first replay runs its bodies so): then only repeatable work
     /// may be enqueued ([`enqueue_repeatable`](Self::enqueue_repeatable),
     /// [`simulate_repeatable`](Self::simulate_repeatable), kernels on
-    /// `Stream::cuda`).
+    /// `Stream::cuda`, which is then the device's capture stream).
+    ///
+    /// Allocate device memory outside the capture, or free it inside the
+    /// bodies: an allocation on the capturing stream becomes a node of the
+    /// graph, still allocated at the next launch, which would fail. A CUDA
+    /// device refuses such a capture (the replay fails saying so).
     pub fn is_capturing(&self) -> bool {
         self.capture.is_some()
     }
