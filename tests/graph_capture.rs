@@ -463,3 +463,77 @@ fn shutdown_waits_for_a_launch_and_drop_after_values_live_with_the_graph() {
         assert_eq!(kept.dropped(), 1);
     });
 }
+
+/// A capture records on the device's private capture stream, not on its
+/// lane: work another thread enqueues on the lane meanwhile (here a graph's
+/// device memory given back there, as the poller's drops of `drop_after`
+/// values and of finished ops' variables also do) runs at once, and the
+/// capture is not invalidated by it. (Seen failing with the capture begun
+/// on the lane itself: the free joined the capture, never ran while it
+/// lasted, and the capture ended invalidated.)
+#[test]
+fn work_enqueued_on_the_lane_by_another_thread_during_a_capture_stays_out_of_it() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        // Graph A takes device memory on lane 0 at its replay.
+        let mut buffer = None;
+        let a = engine
+            .record(|rec| {
+                let b = rec.device_buffer::<u64>(gpu, 8)?;
+                buffer = Some(b.clone());
+                rec.op().on(gpu).lane(Lane::Compute(0)).mutates(&[&b]).run({
+                    let b = b.clone();
+                    move |ctx| {
+                        let b = ctx.device_buffer_mut(&b)?;
+                        Ok(ctx.stream()?.simulate(move || b.with_mut(|x| x.fill(1)))?)
+                    }
+                })
+            })
+            .unwrap();
+        let buffer = buffer.unwrap();
+        a.replay().wait().unwrap();
+        engine.wait_all().wait().unwrap();
+        assert_eq!(buffer.arena_events(), (1, 0));
+        // Graph B is captured for lane 0; its body holds the capture open.
+        let (open, gate) = gate();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let x = engine.var(Mem::default());
+        let b = engine
+            .record(|rec| {
+                rec.capture();
+                let body = update_repeatable(&x, |x| {
+                    x.fetch_add(1, SeqCst);
+                });
+                rec.op()
+                    .on(gpu)
+                    .lane(Lane::Compute(0))
+                    .mutates(&[&x])
+                    .run(move |ctx| {
+                        if ctx.stream()?.is_capturing() {
+                            entered_tx.send(()).unwrap();
+                            gate.pass();
+                        }
+                        body(ctx)
+                    })
+            })
+            .unwrap();
+        let replay = b.replay();
+        entered.recv().unwrap();
+        // On this thread, during the capture: A's memory goes back on lane 0.
+        drop(a);
+        let start = std::time::Instant::now();
+        while buffer.arena_events().1 == 0 && start.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let freed_during_capture = buffer.arena_events().1 == 1;
+        open.send(()).unwrap();
+        let launched = replay.wait();
+        assert!(
+            freed_during_capture,
+            "the lane's free waited for the capture"
+        );
+        launched.unwrap();
+        b.replay().wait().unwrap();
+        assert_eq!(read_on_host(&engine, &x), 2);
+    });
+}

@@ -822,3 +822,57 @@ fn a_long_chain_alternating_lanes_keeps_program_order() {
         engine.wait_all().wait().unwrap();
     });
 }
+
+/// An error reported while a host function on the queried lane waits for
+/// the poller (here for a value the poller drops once another op's work is
+/// done) does not hang the poller: it waits for the lane up to a deadline,
+/// not forever, then counts the device as dead, and both ops fail. (Seen
+/// hanging with the simulated device's settle waiting without a deadline,
+/// as CUDA's `cuStreamSynchronize` did.)
+#[test]
+fn an_error_settled_behind_a_host_function_waiting_for_the_poller_does_not_hang() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (a, b) = (engine.new_var(), engine.new_var());
+        let (released, waiting) = mpsc::channel::<()>();
+        let (entered_tx, entered) = mpsc::channel();
+        let waiting = std::sync::Mutex::new(Some(waiting));
+        // Lane 0: a host function that returns once the poller dropped
+        // `released` (the other op's `drop_after` value).
+        let blocked = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(0))
+            .mutates(&[&a])
+            .run(move |ctx| {
+                let waiting = waiting.lock().unwrap().take().unwrap();
+                let entered_tx = entered_tx.clone();
+                Ok(ctx.stream()?.enqueue(move || {
+                    entered_tx.send(()).unwrap();
+                    let _ = waiting.recv();
+                    Ok(())
+                })?)
+            })
+            .unwrap();
+        entered.recv().unwrap();
+        // Lane 1: an error, and the value whose drop releases lane 0. The
+        // poller learns of the error at its next query: lane 0's first.
+        let released = std::sync::Mutex::new(Some(released));
+        let failing = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(1))
+            .mutates(&[&b])
+            .run(move |ctx| {
+                let stream = ctx.stream()?;
+                stream.simulate_device_error("launch failed", false)?;
+                stream.drop_after(released.lock().unwrap().take());
+                Ok(())
+            })
+            .unwrap();
+        let blocked = blocked.wait().unwrap_err().to_string();
+        let failing = failing.wait().unwrap_err().to_string();
+        assert!(blocked.contains("launch failed"), "{blocked}");
+        assert!(failing.contains("dead"), "{failing}");
+    });
+}

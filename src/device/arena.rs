@@ -409,26 +409,14 @@ mod cuda {
     use super::super::cuda::CudaGpu;
 
     fn message(e: cudarc::driver::DriverError) -> String {
-        match e.error_string() {
-            Ok(s) => format!("{:?}: {}", e.0, s.to_string_lossy()),
-            Err(_) => format!("{:?}", e.0),
-        }
+        crate::device::cuda_error::describe_driver(&e)
     }
 
     /// Runs `f` with the engine's context current, then restores the
     /// calling thread's (a launcher or poller keeps the engine's anyway).
     fn in_context<R>(gpu: &CudaGpu, f: impl FnOnce() -> Result<R, String>) -> Result<R, String> {
-        let before = result::ctx::get_current().map_err(message)?;
-        let engine = gpu.stream(0).context().cu_ctx();
-        gpu.bind()?;
-        let r = f();
-        if before != Some(engine) {
-            // SAFETY: `before` was current on this thread a moment ago, so
-            // its owner keeps it alive (setting it back is what it expects);
-            // null (none was current) unbinds.
-            let _ = unsafe { result::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) };
-        }
-        r
+        let _current = gpu.scoped()?;
+        f()
     }
 
     /// As `arena::order`: a one-shot event per lane of `from` (destroyed

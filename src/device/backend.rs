@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::loom::sync::Mutex;
 
@@ -112,12 +112,19 @@ pub(crate) enum Gpu {
     Cuda(cuda::CudaGpu),
 }
 
+/// How long the backend waits for a lane's work after it reported an error
+/// (see [`Settled`]) before it treats the device as dead. Not a synchronise
+/// without end: the wait runs on the launcher or the poller, and a host
+/// function on the lane may be waiting for that thread.
+pub(crate) const SETTLE_DEADLINE: Duration = Duration::from_secs(5);
+
 /// How work that reported an error with its event or record ended: the
-/// backend synchronised its lane before saying so.
+/// backend waited for its lane (until [`SETTLE_DEADLINE`]) before saying so.
 pub(crate) enum Settled {
     /// The lane's work up to now is over.
     Over(String),
-    /// Synchronising failed too: the context is unusable (a sticky error).
+    /// Waiting failed too (the context is unusable: a sticky error), or the
+    /// lane's work did not end by the deadline.
     Dead(String),
 }
 
@@ -163,7 +170,27 @@ impl Backend {
     /// Marks the device dead with `error` (the first error wins); returns
     /// the error it died of.
     pub(crate) fn kill(&self, error: String) -> String {
-        self.dead.get_or_init(|| error).clone()
+        let mut died = false;
+        let error = self
+            .dead
+            .get_or_init(|| {
+                died = true;
+                error
+            })
+            .clone();
+        if died {
+            self.on_death();
+        }
+        error
+    }
+
+    /// The device just died.
+    fn on_death(&self) {
+        #[cfg(feature = "cuda")]
+        if let Gpu::Cuda(gpu) = &self.gpu {
+            // The driver calls none of the host functions it holds any more.
+            gpu.abandon_host_jobs();
+        }
     }
 
     fn alive(&self) -> Result<(), String> {
@@ -280,31 +307,57 @@ impl Backend {
         }
     }
 
-    /// Starts capturing `lane`'s work into a graph (see `capture`).
-    pub(crate) fn begin_capture(&self, lane: u8) -> Result<(), String> {
+    /// The device's private capture stream: one stream past the lanes,
+    /// which runs no op's work. A capture records there, never on a lane,
+    /// so that other threads' work on the lane (the poller's drops, a
+    /// `DeviceMemory`'s free) cannot join the graph (see `capture`).
+    pub(crate) fn capture_stream(&self) -> u8 {
+        (self.compute + 2) as u8
+    }
+
+    /// Starts capturing into the capture stream, forked from `lane` (it
+    /// waits for `lane`'s work so far); returns the capture stream. Captures
+    /// of one device run one at a time (on its launcher).
+    pub(crate) fn begin_capture(&self, lane: u8) -> Result<u8, String> {
         self.alive()?;
+        let on = self.capture_stream();
+        self.link(lane, on)?;
         match &self.gpu {
-            Gpu::Sim(_) => {
-                let _ = lane;
+            Gpu::Sim(gpu) => gpu.begin_capture(on)?,
+            #[cfg(feature = "cuda")]
+            Gpu::Cuda(gpu) => gpu.begin_capture(on)?,
+        }
+        Ok(on)
+    }
+
+    /// Makes stream `to` wait, on the device, for the work enqueued on
+    /// `from` so far (a one-shot event: see `arena::order`).
+    fn link(&self, from: u8, to: u8) -> Result<(), String> {
+        match &self.gpu {
+            Gpu::Sim(gpu) => {
+                let event = Arc::new(sim::SimEvent::default());
+                let generation = event.next();
+                gpu.signal(from, event.clone(), generation);
+                gpu.wait(to, event, generation);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => gpu.begin_capture(lane),
+            Gpu::Cuda(gpu) => gpu.link(from, to),
         }
     }
 
-    /// Captures host function `f` on `lane` (capturing): on CUDA a host
+    /// Captures host function `f` on capture stream `on`: on CUDA a host
     /// node pointing at `f`, which the caller keeps alive with the graph;
     /// the simulated device keeps nothing (the capture lists its jobs).
-    pub(crate) fn capture_host(&self, lane: u8, f: &sim::RepeatFn) -> Result<(), String> {
+    pub(crate) fn capture_host(&self, on: u8, f: &sim::RepeatFn) -> Result<(), String> {
         self.alive()?;
         match &self.gpu {
             Gpu::Sim(_) => {
-                let _ = (lane, f);
+                let _ = (on, f);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => gpu.capture_host(lane, f),
+            Gpu::Cuda(gpu) => gpu.capture_host(on, f),
         }
     }
 
@@ -321,23 +374,37 @@ impl Backend {
         }
     }
 
-    /// Ends the capture on `lane`: the graph, instantiated, if `keep`
-    /// (`nodes`: the simulated device's, from the capture's jobs); else
-    /// the capture is discarded (None).
+    /// Ends the capture on capture stream `on` and joins it back into
+    /// `lane` (which waits for whatever `on` holds): the graph,
+    /// instantiated, if `keep` (`nodes`: the simulated device's, from the
+    /// capture's jobs); else the capture is discarded (None).
     pub(crate) fn end_capture(
         &self,
         lane: u8,
+        on: u8,
         keep: bool,
         nodes: impl FnOnce() -> Vec<sim::SimNode>,
     ) -> Result<Option<Exec>, String> {
-        match &self.gpu {
-            Gpu::Sim(_) => {
-                let _ = lane;
-                Ok(keep.then(|| Exec::Sim(Arc::new(sim::SimGraph { nodes: nodes() }))))
-            }
+        let ended = match &self.gpu {
+            Gpu::Sim(gpu) => match gpu.end_capture(on) {
+                Ok(()) => Ok(keep.then(|| Exec::Sim(Arc::new(sim::SimGraph { nodes: nodes() })))),
+                Err(e) if keep => Err(e),
+                Err(_) => Ok(None),
+            },
             #[cfg(feature = "cuda")]
-            Gpu::Cuda(gpu) => Ok(gpu.end_capture(lane, keep)?.map(Exec::Cuda)),
+            Gpu::Cuda(gpu) => gpu.end_capture(on, keep).map(|e| e.map(Exec::Cuda)),
+        };
+        // Out of capture mode whatever happened: the join is an ordinary
+        // wait (only a dead device refuses it, and it runs nothing more).
+        let joined = self.alive().and_then(|()| self.link(on, lane));
+        let exec = ended?;
+        if let Err(e) = joined {
+            if let Some(exec) = exec {
+                self.destroy_exec(exec);
+            }
+            return Err(e);
         }
+        Ok(exec)
     }
 
     /// Launches a captured graph on `lane` (its capture's).

@@ -1,12 +1,23 @@
 //! Capturing a stream's work into a graph, and launching it (a recorded
 //! graph's `Recorder::capture`): the device side, op-agnostic.
 //!
-//! A capture runs on one lane. While it lasts, the [`Stream`] bodies get is
+//! A capture is for one lane. While it lasts, the [`Stream`] bodies get is
 //! a *capturing* stream: the work they enqueue is recorded, not run.
 //!
-//! - On CUDA, the lane's stream is in capture mode (`cuStreamBeginCapture`,
-//!   thread-local): kernels and copies launched on `Stream::cuda` become
-//!   the graph's nodes, and
+//! The capture records on the device's private *capture stream*
+//! (`Backend::capture_stream`), never on the lane itself: forked from the
+//! lane by an event (it waits for the lane's work so far), put in capture
+//! mode, and after `cuStreamEndCapture` joined back (the lane waits for it).
+//! A stream in capture mode takes into the graph whatever *any* thread
+//! enqueues on it; the lane gets other threads' work at any time (the
+//! poller's drops of `drop_after` values and of finished ops' variables, a
+//! `cuMemFreeAsync` among them; a `DeviceMemory` drop's events and waits),
+//! which would join the graph, fail or invalidate the capture, and never
+//! run. No thread but the capturing body's enqueues on the capture stream.
+//!
+//! - On CUDA, the capture stream is in capture mode (`cuStreamBeginCapture`,
+//!   thread-local): kernels and copies launched on `Stream::cuda` (the
+//!   capture stream, while capturing) become the graph's nodes, and
 //!   a repeatable host function becomes a host node
 //!   (`cuLaunchHostFunc` with a pointer to it, kept alive by the graph).
 //!   The capture ends in `cuStreamEndCapture` and `cuGraphInstantiate`; a
@@ -41,8 +52,9 @@ use crate::error::Error;
 use crate::loom::sync::Mutex;
 
 /// A capture in progress (the capturing stream's).
-#[derive(Default)]
 pub(crate) struct Capture {
+    /// The device's capture stream it records on (`Backend::capture_stream`).
+    on: u8,
     /// The repeatable jobs, in order: whether each is a host function.
     /// Boxed: a CUDA host node points at its job.
     jobs: Mutex<Vec<(bool, Box<RepeatFn>)>>,
@@ -103,10 +115,21 @@ impl Stream {
     /// to hand to the bodies, whose work is recorded, not run, until
     /// [`end_capture`](Self::end_capture).
     pub(crate) fn begin_capture(&self) -> Result<Stream, String> {
-        self.backend.begin_capture(self.lane)?;
+        let on = self.backend.begin_capture(self.lane)?;
         let mut capturing = Stream::new(self.backend.clone(), self.lane, self.fence.clone());
-        capturing.capture = Some(Arc::default());
+        capturing.capture = Some(Arc::new(Capture {
+            on,
+            jobs: Mutex::default(),
+            keep: Mutex::default(),
+            faults: Arc::default(),
+        }));
         Ok(capturing)
+    }
+
+    /// The device stream this stream's work goes to: its lane's, or while
+    /// capturing, the device's capture stream.
+    pub(super) fn issue_lane(&self) -> u8 {
+        self.capture.as_ref().map_or(self.lane, |c| c.on)
     }
 
     /// Ends the capture this stream makes: the graph, instantiated, if
@@ -123,7 +146,9 @@ impl Stream {
                 })
                 .collect()
         };
-        let exec = self.backend.end_capture(self.lane, keep, nodes)?;
+        let exec = self
+            .backend
+            .end_capture(self.lane, capture.on, keep, nodes)?;
         let Some(exec) = exec else { return Ok(None) };
         Ok(Some(Arc::new(CapturedGraph {
             backend: self.backend.clone(),
@@ -142,6 +167,10 @@ impl Stream {
     pub(crate) fn launch(&self, graph: &Arc<CapturedGraph>) -> Result<(), String> {
         debug_assert_eq!(graph.lane, self.lane, "a graph launches on its own lane");
         let exec = graph.exec.as_ref().expect("instantiated");
+        // Kept until this op's work is done before the launch is enqueued:
+        // if enqueuing the collector fails after the launch, the launch is
+        // in flight all the same, and its host nodes point into `graph`.
+        self.drop_after(graph.clone());
         self.backend.launch(self.lane, exec)?;
         if graph.reports {
             let faults = graph.faults.clone();
@@ -150,7 +179,6 @@ impl Stream {
                 self.job(move || faults.take().map_or(Ok(()), Err)),
             )?;
         }
-        self.drop_after(graph.clone());
         Ok(())
     }
 
@@ -158,7 +186,12 @@ impl Stream {
     /// graph's first replay runs its bodies so): then only repeatable work
     /// may be enqueued ([`enqueue_repeatable`](Self::enqueue_repeatable),
     /// [`simulate_repeatable`](Self::simulate_repeatable), kernels on
-    /// `Stream::cuda`).
+    /// `Stream::cuda`, which is then the device's capture stream).
+    ///
+    /// Allocate device memory outside the capture, or free it inside the
+    /// bodies: an allocation on the capturing stream becomes a node of the
+    /// graph, still allocated at the next launch, which would fail. A CUDA
+    /// device refuses such a capture (the replay fails saying so).
     pub fn is_capturing(&self) -> bool {
         self.capture.is_some()
     }
@@ -209,7 +242,7 @@ impl Stream {
             Some(capture) => {
                 let job = Box::new(self.repeat_job(capture, f));
                 self.backend
-                    .capture_host(self.lane, &job)
+                    .capture_host(capture.on, &job)
                     .map_err(Error::Stream)?;
                 capture.jobs.lock().push((true, job));
                 Ok(())

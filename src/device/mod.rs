@@ -22,6 +22,8 @@ mod capture;
 pub(crate) mod comm;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_error;
 mod memory;
 pub(crate) mod poller;
 pub(crate) mod sim;
@@ -501,7 +503,8 @@ impl Stream {
     #[cfg(feature = "cuda")]
     pub fn cuda(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         match &self.backend.gpu {
-            Gpu::Cuda(gpu) => Some(gpu.stream(self.lane)),
+            // While capturing, the capture's private stream (see `capture`).
+            Gpu::Cuda(gpu) => Some(gpu.stream(self.issue_lane())),
             Gpu::Sim(_) => None,
         }
     }

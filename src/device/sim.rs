@@ -17,7 +17,7 @@ use std::task::Poll;
 use std::time::Instant;
 
 use super::Threads;
-use super::backend::Settled;
+use super::backend::{SETTLE_DEADLINE, Settled};
 
 use crate::loom::sync::atomic::{AtomicU64, Ordering::*};
 use crate::loom::sync::{Condvar, Mutex};
@@ -62,6 +62,19 @@ impl SimEvent {
         while !self.is_reached(generation) {
             g = self.reached.wait(g);
         }
+    }
+
+    /// Blocks until generation `generation` is reached or `deadline`
+    /// passed; whether it was reached.
+    pub fn wait_until(&self, generation: u64, deadline: Instant) -> bool {
+        let mut g = self.lock.lock();
+        while !self.is_reached(generation) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            g = self.reached.wait_timeout(g, left).0;
+        }
+        true
     }
 }
 
@@ -123,6 +136,9 @@ struct Fault {
 struct LaneQueue {
     items: VecDeque<Item>,
     stop: bool,
+    /// The stream is in capture mode (see [`SimGpu::begin_capture`]): what
+    /// is enqueued on it joins the capture instead of running.
+    capture: Option<Vec<Item>>,
 }
 
 #[derive(Default)]
@@ -146,15 +162,17 @@ pub(crate) struct SimGpu {
 type HostCall = (Box<dyn FnOnce() + Send>, Arc<SimEvent>, u64);
 
 impl SimGpu {
-    /// Starts `lanes` stream threads and the host function thread;
-    /// `reached` is called after each event completes (to wake the poller).
+    /// Starts a stream thread for each of `lanes` and one for the capture
+    /// stream (index `lanes`: see `Backend::capture_stream`), and the host
+    /// function thread; `reached` is called after each event completes (to
+    /// wake the poller).
     pub(crate) fn new(
         name: &str,
         lanes: usize,
         reached: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
         let gpu = Self {
-            lanes: (0..lanes).map(|_| Arc::default()).collect(),
+            lanes: (0..=lanes).map(|_| Arc::default()).collect(),
             threads: Arc::default(),
             fault: Arc::default(),
             launches: Arc::default(),
@@ -191,8 +209,46 @@ impl SimGpu {
 
     fn push(&self, lane: u8, item: Item) {
         let lane = &self.lanes[usize::from(lane)];
-        lane.queue.lock().items.push_back(item);
+        let mut queue = lane.queue.lock();
+        if let Some(joined) = &mut queue.capture {
+            // As on CUDA, any thread's work on a capturing stream joins the
+            // capture rather than running.
+            joined.push(item);
+            return;
+        }
+        queue.items.push_back(item);
+        drop(queue);
         lane.ready.notify_one();
+    }
+
+    /// Puts stream `lane` in capture mode, as `cuStreamBeginCapture` does:
+    /// until [`end_capture`](Self::end_capture), what any thread enqueues
+    /// on it joins the capture instead of running. The capturing body's own
+    /// repeatable work is recorded by `device::capture`, not enqueued; so
+    /// anything that joins here is other work, which invalidates the
+    /// capture (on CUDA: a free, an event or a wait of another thread's,
+    /// which fails or invalidates it, the free never running).
+    pub(crate) fn begin_capture(&self, lane: u8) -> Result<(), String> {
+        let mut queue = self.lanes[usize::from(lane)].queue.lock();
+        if queue.capture.is_some() {
+            return Err("the stream is capturing already".into());
+        }
+        queue.capture = Some(Vec::new());
+        Ok(())
+    }
+
+    /// Ends stream `lane`'s capture mode: an error if other work joined
+    /// the capture (that work is dropped unrun, as an invalidated graph's).
+    pub(crate) fn end_capture(&self, lane: u8) -> Result<(), String> {
+        let joined = self.lanes[usize::from(lane)].queue.lock().capture.take();
+        match joined {
+            Some(joined) if !joined.is_empty() => Err(format!(
+                "the capture was invalidated: {} pieces of other work enqueued on its stream \
+                 joined it",
+                joined.len()
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Device work: `f` runs on `lane`'s own thread, in the lane's order.
@@ -251,11 +307,20 @@ impl SimGpu {
             fault.pending.take()
         };
         if let Some(m) = pending {
-            // Synchronise the lane: a new event, waited for.
+            // Wait for the lane's work so far, as CUDA's settle does: a new
+            // event, waited for until the deadline (a host function on the
+            // lane may be waiting for this very thread).
             let reached = Arc::new(SimEvent::default());
             self.signal(lane, reached.clone(), 1);
-            reached.wait(1);
-            return Poll::Ready(Err(Settled::Over(m)));
+            let deadline = Instant::now() + SETTLE_DEADLINE;
+            return Poll::Ready(Err(if reached.wait_until(1, deadline) {
+                Settled::Over(m)
+            } else {
+                Settled::Dead(format!(
+                    "{m} (then, waiting for the stream: its work did not end within \
+                     {SETTLE_DEADLINE:?}; the device is treated as dead)"
+                ))
+            }));
         }
         if event.is_reached(generation) {
             Poll::Ready(Ok(()))

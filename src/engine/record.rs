@@ -305,7 +305,9 @@ impl<'e> Recorder<'e> {
     /// # The contract (CUDA graphs')
     ///
     /// - The first replay runs every op's body once, in recorded order,
-    ///   with the stream of the graph's first op's lane *capturing*: the
+    ///   with a *capturing* stream for the graph's first op's lane (the
+    ///   device's private capture stream, forked from that lane, so that
+    ///   other threads' work on the lane stays out of the graph): the
     ///   work the bodies enqueue is recorded, not run (kernels on
     ///   [`Stream::cuda`](crate::stream::Stream), and repeatable host
     ///   functions: [`Stream::enqueue_repeatable`](crate::stream::Stream::enqueue_repeatable),
@@ -331,6 +333,12 @@ impl<'e> Recorder<'e> {
     ///   that replay and poisons what the graph mutates, as any device
     ///   op's; a poisoned input skips the whole launch. The graph stays
     ///   usable either way.
+    /// - Device memory: **allocate outside the capture, or free inside the
+    ///   bodies**. Memory allocated on the capturing stream (`alloc_zeros`,
+    ///   a `cuMemAllocAsync`) becomes an allocation node of the graph; not
+    ///   freed in the graph, it would still be allocated at the next launch,
+    ///   which fails. On CUDA such a capture is refused: the replay fails
+    ///   with [`Error::Failed`](crate::Error::Failed) saying so, and the graph stays uncaptured.
     ///
     /// ```
     /// use depflow::{Engine, Executor, Lane};
