@@ -154,7 +154,7 @@ extern "C" __global__ void bump(unsigned int* x) { x[threadIdx.x] += 1; }"#;
             let base = super::backend::cuda::Cuda::new()?;
             let module = base
                 .ctx
-                .load_module(super::backend::nvrtc::compile(BUMP_KERNEL)?)?;
+                .load_module(super::backend::nvrtc::compile(BUMP_KERNEL, &base.ctx)?)?;
             Ok(Self {
                 floor: base.ctx.new_stream()?,
                 bump: module.load_function("bump")?,
