@@ -47,3 +47,19 @@ pub fn skip(what: &str, why: &str) {
 pub fn cuda_devices() -> Result<usize, String> {
     depflow::stream::cuda_devices().map_err(|e| e.to_string())
 }
+
+/// For a program that falls back to a simulated GPU where it cannot run
+/// `what` on CUDA (because of `why`): says so (a `SKIPPED` line on stderr)
+/// and returns `Ok`; under `DEPFLOW_REQUIRE_GPU=1`, returns the refusal, for
+/// the program to exit non-zero with.
+pub fn fall_back(what: &str, why: &str) -> Result<(), String> {
+    if required() {
+        return Err(refusal(what, why));
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "{} (running on the simulated GPU instead)",
+        skipped(what, why)
+    );
+    Ok(())
+}
