@@ -43,9 +43,9 @@ pub(crate) fn devices() -> Result<usize, String> {
     // and does not panic; it stays open for the process (a static).
     let lib = unsafe { sys::culib() };
     let from = loaded("libcuda");
-    // SAFETY: only looks the address up (the library is never closed);
-    // `Driver::of` says what each is.
     let symbol = |name: &str| {
+        // SAFETY: only looks the address up (the library is never closed);
+        // `Driver::of` says what each is.
         unsafe { lib.get::<*mut c_void>(name.as_bytes()) }
             .ok()
             .map(|s| *s)
@@ -94,7 +94,7 @@ impl Driver {
     /// one it lacks.
     fn of(symbol: impl Fn(&str) -> Option<*mut c_void>) -> Result<Self, &'static str> {
         let get = |name: &'static str| symbol(name).filter(|p| !p.is_null()).ok_or(name);
-        // SAFETY (each transmute): the address is the driver's function of
+        // SAFETY: (each transmute) the address is the driver's function of
         // that name, whose cuda.h signature the type spells, each `CUresult`
         // an `int`; a function pointer is the size of a data pointer here.
         unsafe {
@@ -188,19 +188,18 @@ fn visible_devices() -> String {
         .unwrap_or_default()
 }
 
-/// Why no driver library opened: the names cudarc tries, each once.
+/// Why no driver library opened: the names cudarc tries, each once (it
+/// tries the same forms of `nvcuda`, Windows' name, too).
 fn no_driver() -> String {
     let mut tried: Vec<String> = Vec::new();
-    for lib in ["cuda", "nvcuda"] {
-        for name in cudarc::get_lib_name_candidates(lib) {
-            if !tried.contains(&name) {
-                tried.push(name);
-            }
+    for name in cudarc::get_lib_name_candidates("cuda") {
+        if !tried.contains(&name) {
+            tried.push(name);
         }
     }
     format!(
-        "no CUDA driver: none of {} could be opened (looked for in LD_LIBRARY_PATH, \
-         /etc/ld.so.cache and the default library directories)",
+        "no CUDA driver: none of {} (nor their libnvcuda forms) could be opened (looked for \
+         in LD_LIBRARY_PATH, /etc/ld.so.cache and the default library directories)",
         tried.join(", ")
     )
 }
