@@ -29,7 +29,8 @@
 //! pipeline's outputs match the CPU); a wrong result exits non-zero.
 //!
 //! Without a CUDA device (or the `cuda` feature) the same measurements run on
-//! `Executor::simulated_gpu(2)`, whose kernels are host closures run by a
+//! `Executor::simulated_gpu(2)` (after a `SKIPPED` line saying why; under
+//! `DEPFLOW_REQUIRE_GPU=1` the bench exits non-zero instead, saying why), whose kernels are host closures run by a
 //! thread per stream, and the floor is the same closures called in a loop on
 //! one thread: engine overhead only, not GPU figures. With CUDA, the kernels
 //! are compiled at run time with NVRTC and the host buffers are pinned (a
@@ -37,6 +38,8 @@
 
 #[path = "../examples/gpu/backend.rs"]
 mod backend;
+#[path = "../examples/gpu/require.rs"]
+mod require;
 
 use std::ops::Range;
 use std::process::ExitCode;
@@ -154,7 +157,7 @@ extern "C" __global__ void bump(unsigned int* x) { x[threadIdx.x] += 1; }"#;
             let base = super::backend::cuda::Cuda::new()?;
             let module = base
                 .ctx
-                .load_module(super::backend::nvrtc::compile(BUMP_KERNEL)?)?;
+                .load_module(super::backend::nvrtc::compile(BUMP_KERNEL, &base.ctx)?)?;
             Ok(Self {
                 floor: base.ctx.new_stream()?,
                 bump: module.load_function("bump")?,
@@ -425,10 +428,14 @@ fn run(quick: bool) -> Res {
     } else {
         (10_000, 64, 3)
     };
-    #[cfg(feature = "cuda")]
-    if depflow::stream::cuda_device_count() > 0 {
-        return bench(cuda::Cuda::new()?, n, chunks, runs);
-    }
+    let why = match require::cuda_devices() {
+        #[cfg(feature = "cuda")]
+        Ok(_) => return bench(cuda::Cuda::new()?, n, chunks, runs),
+        #[cfg(not(feature = "cuda"))]
+        Ok(_) => "built without the `cuda` feature".to_string(),
+        Err(why) => why,
+    };
+    require::fall_back("the gpu bench on CUDA", &why)?;
     bench(Sim, n, chunks, runs)
 }
 

@@ -24,9 +24,14 @@
 //! NVRTC, which the example names) the same program runs on a simulated GPU
 //! (`Executor::simulated_gpu`): a host thread per stream runs the
 //! simulated closures (`Stream::simulate`), through the same launcher, event and completion code.
+//! It says why first (a `SKIPPED` line on stderr, with the driver's error by
+//! name and number where there is one). Under `DEPFLOW_REQUIRE_GPU=1` it
+//! does not fall back: it exits non-zero, saying why it cannot run on CUDA.
 
 #[path = "gpu/backend.rs"]
 mod backend;
+#[path = "gpu/require.rs"]
+mod require;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -88,21 +93,23 @@ fn pipeline<G: Gpu>(g: G, executor: Executor, len: usize) -> Res<bool> {
 }
 
 fn run() -> Res<bool> {
-    #[cfg(feature = "cuda")]
-    if depflow::stream::cuda_device_count() > 0 {
+    let why = match require::cuda_devices() {
         // A driver and a GPU, but the kernel needs NVRTC too: without it,
-        // say exactly what is missing and run on the simulated GPU.
-        match backend::nvrtc::available() {
+        // say exactly what is missing (and run on the simulated GPU).
+        #[cfg(feature = "cuda")]
+        Ok(_) => match backend::nvrtc::available() {
             Ok(()) => {
                 let gpu = backend::cuda::Cuda::new()?;
                 println!("CUDA device 0: {} (kernel compiled with NVRTC)", gpu.name);
                 return pipeline(gpu, Executor::cuda(0, 2), CUDA_LEN);
             }
-            Err(why) => println!("a CUDA device, but {why}"),
-        }
-    } else {
-        println!("no CUDA device (no driver, or no GPU)");
-    }
+            Err(why) => format!("a CUDA device, but {why}"),
+        },
+        #[cfg(not(feature = "cuda"))]
+        Ok(_) => "built without the `cuda` feature".to_string(),
+        Err(why) => why,
+    };
+    require::fall_back("the gpu_pipeline example on CUDA", &why)?;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     println!(
         "running on a simulated GPU (Executor::simulated_gpu(2): a host thread per stream, sharing this machine's {cores} cores{})",

@@ -217,7 +217,9 @@ pub mod stream {
     //!
     //! [`OpCtx::stream`]: crate::OpCtx::stream
 
-    pub use crate::device::{DeviceSlice, Lane, SimMemory, SimView, Stream, cuda_device_count};
+    pub use crate::device::{
+        DeviceSlice, Lane, SimMemory, SimView, Stream, cuda_device_count, cuda_devices,
+    };
 }
 
 // The public types cross threads as their docs promise (checked at compile

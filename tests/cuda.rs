@@ -14,15 +14,22 @@
 //! (`DEPFLOW_DEBUG_NO_LANE_WAITS=1`, debug builds).
 //!
 //! Where there is no driver, no GPU or no NVRTC each test prints `SKIPPED`
-//! and exactly what is missing (visibly: not captured by the test harness)
-//! and passes, unless `DEPFLOW_REQUIRE_GPU=1`, which makes a skip a failure
-//! (for a machine that has a GPU). `no_such_device_is_a_config_error` runs
-//! everywhere (a missing driver is an error, not a panic).
+//! and exactly what is missing (visibly: not captured by the test harness;
+//! the driver's error by name and number, from
+//! `depflow::stream::cuda_devices`) and passes, unless
+//! `DEPFLOW_REQUIRE_GPU=1`, which makes a skip a failure (for a machine that
+//! has a GPU: see `examples/gpu/require.rs`).
+//! `no_such_device_is_a_config_error` runs everywhere (a missing driver is
+//! an error, not a panic), and so do the checks of the messages: against a
+//! fake driver library (a stub, a refused compat library, codes newer than
+//! cudarc's enum) in child processes, and of NVRTC's options.
 #![cfg(feature = "cuda")]
 
 mod common;
 #[path = "../examples/gpu/nvrtc.rs"]
 mod nvrtc;
+#[path = "../examples/gpu/require.rs"]
+mod require;
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -68,30 +75,20 @@ struct Gpu {
 
 /// The engine and the kernels, or None (printed) where there is no GPU.
 fn gpu(test: &str) -> Option<Gpu> {
-    if depflow::stream::cuda_device_count() == 0 {
-        // SAFETY: only tries to open the library.
-        let driver = unsafe { cudarc::driver::sys::is_culib_present() };
-        return skip(
-            test,
-            &if driver {
-                "the CUDA driver reports no device".to_string()
-            } else {
-                format!(
-                    "no CUDA driver: none of {} could be opened",
-                    nvrtc::candidates("cuda").join(", ")
-                )
-            },
-        );
+    if let Err(why) = require::cuda_devices() {
+        return skip(test, &why);
     }
-    let ptx = match nvrtc::compile(KERNELS) {
-        Ok(ptx) => ptx,
-        Err(why) => return skip(test, &why),
-    };
     let ctx = CudaContext::new(0).unwrap();
     // SAFETY: the buffers of these tests are ordered by the engine only
     // (which is what they test), and freed after `wait_all`.
     unsafe { ctx.disable_event_tracking() };
-    let module = ctx.load_module(ptx).unwrap();
+    let cubin = match nvrtc::compile(KERNELS, &ctx) {
+        Ok(cubin) => cubin,
+        Err(why) => return skip(test, &why),
+    };
+    let module = ctx
+        .load_module(cubin)
+        .unwrap_or_else(|e| panic!("loading the kernels' CUBIN: {e}"));
     let engine = Engine::builder()
         .threads(2)
         .device("gpu", Executor::cuda(0, 2))
@@ -120,15 +117,18 @@ fn on_gpu(name: &'static str, secs: u64, test: impl FnOnce(Gpu) + Send + 'static
     });
 }
 
-/// Reports a skipped test where the user sees it (the harness captures
-/// `eprintln!`, not writes to the stream), or fails it if a GPU is required.
+/// Reports a skipped test where the user sees it, or fails it if a GPU is
+/// required (`require::skip`).
 fn skip<T>(test: &str, why: &str) -> Option<T> {
-    use std::io::Write;
-    if std::env::var("DEPFLOW_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("DEPFLOW_REQUIRE_GPU=1, but {test} cannot run: {why}");
-    }
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+    require::skip(test, why);
     None
+}
+
+/// Why the child process's test skipped (its `SKIPPED` line), if it did.
+fn child_skipped(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("SKIPPED "))
+        .map(|l| l.split_once(": ").map_or(l, |(_, why)| why))
 }
 
 impl Gpu {
@@ -319,12 +319,9 @@ fn a_host_function_error_fails_the_op_and_poisons() {
 fn the_cross_lane_test_fails_without_the_cross_lane_wait() {
     let (passed, text) = run_in_child(CROSS_LANE, &[], &[("DEPFLOW_DEBUG_NO_LANE_WAITS", "1")]);
     assert!(!text.contains("DEPFLOW_REQUIRE_GPU=1, but"), "{text}");
-    if passed && text.contains("SKIPPED") {
+    if let (true, Some(why)) = (passed, child_skipped(&text)) {
         // The child printed why; say it here too.
-        let _ = skip::<()>(
-            "the_cross_lane_test_fails_without_the_cross_lane_wait",
-            "the test it runs was skipped",
-        );
+        let _ = skip::<()>("the_cross_lane_test_fails_without_the_cross_lane_wait", why);
         return;
     }
     assert!(!passed, "passed without the wait:\n{text}");
@@ -388,11 +385,8 @@ fn a_trapping_kernel_kills_the_device() {
 fn a_trapping_kernel_kills_the_device_in_a_child_process() {
     let (passed, text) = run_in_child(TRAP, &["--ignored", "--nocapture"], &[]);
     assert!(passed, "{text}");
-    if text.contains("SKIPPED") {
-        let _ = skip::<()>(
-            "a_trapping_kernel_kills_the_device_in_a_child_process",
-            "the test it runs was skipped",
-        );
+    if let Some(why) = child_skipped(&text) {
+        let _ = skip::<()>("a_trapping_kernel_kills_the_device_in_a_child_process", why);
     }
 }
 
@@ -615,4 +609,141 @@ fn a_graph_s_device_buffers_share_one_arena_of_device_memory() {
         assert_eq!(kept.arena_events(), (1, 1));
         drop((first, second));
     });
+}
+
+// ---- The messages, checked anywhere (no GPU needed) ----
+
+#[test]
+fn nvrtc_compiles_for_the_device_s_own_architecture() {
+    assert_eq!(nvrtc::arch_option(9, 0), "--gpu-architecture=sm_90");
+    assert_eq!(nvrtc::arch_option(8, 6), "--gpu-architecture=sm_86");
+    assert_eq!(nvrtc::arch_option(12, 0), "--gpu-architecture=sm_120");
+    assert_eq!(nvrtc::arch_option(10, 3), "--gpu-architecture=sm_103");
+}
+
+#[test]
+fn a_missing_nvrtc_names_every_library_tried() {
+    let m = nvrtc::missing();
+    for name in ["libnvrtc.so", "libnvrtc.so.12", "libnvrtc.so.13"] {
+        assert!(
+            m.contains(&format!("{name},")) || m.contains(&format!("{name} ")),
+            "{name}: {m}"
+        );
+    }
+    assert!(m.contains("LD_LIBRARY_PATH"), "{m}");
+    if nvrtc::available().is_err() {
+        // Here: compiling says the same, not a panic.
+        assert_eq!(nvrtc::compile_for("", 9, 0).unwrap_err(), m);
+    }
+}
+
+#[test]
+fn a_skip_and_its_refusal_say_why() {
+    assert_eq!(require::skipped("t", "no GPU"), "SKIPPED t: no GPU");
+    assert_eq!(
+        require::refusal("t", "no GPU"),
+        "DEPFLOW_REQUIRE_GPU=1, but t cannot run: no GPU"
+    );
+    assert_eq!(child_skipped("x\nSKIPPED t: a: b\n"), Some("a: b"));
+    assert_eq!(child_skipped("running 1 test\n"), None);
+}
+
+/// A driver library of our own, `libcuda.so` in a fresh directory: its
+/// `cuInit` and `cuDeviceGetCount` return `DEPFLOW_FAKE_CUDA_RESULT` (34 if
+/// unset) and count no device; `cuGetErrorName` and `cuGetErrorString`
+/// answer 34 under 34 (as a stub does) and 1 otherwise (as a driver that
+/// does not know the code). Built with `cc`, which links Rust programs here.
+fn fake_driver() -> std::path::PathBuf {
+    const SOURCE: &str = r#"
+#include <stdlib.h>
+static int code(void) {
+    const char* s = getenv("DEPFLOW_FAKE_CUDA_RESULT");
+    return s ? atoi(s) : 34;
+}
+int cuInit(unsigned int flags) { (void)flags; return code(); }
+int cuDeviceGetCount(int* n) { *n = 0; return code(); }
+int cuGetErrorName(int e, const char** s) { (void)e; (void)s; return code() == 34 ? 34 : 1; }
+int cuGetErrorString(int e, const char** s) { (void)e; (void)s; return code() == 34 ? 34 : 1; }
+"#;
+    use std::sync::OnceLock;
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // In the target directory's scratch space (cargo's), one per run.
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("fake-cuda-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("fake.c");
+        std::fs::write(&src, SOURCE).unwrap();
+        let built = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(dir.join("libcuda.so"))
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc), which links Rust programs here");
+        assert!(built.success(), "cc could not build the fake libcuda.so");
+        dir
+    })
+    .clone()
+}
+
+/// `CROSS_LANE` run in a child process against the fake driver answering
+/// `code`, a GPU required or not: whether it passed, and what it printed.
+fn against_fake_driver(code: &str, require: &str) -> (bool, String) {
+    let dir = fake_driver();
+    run_in_child(
+        CROSS_LANE,
+        &["--nocapture"],
+        &[
+            ("LD_LIBRARY_PATH", dir.to_str().unwrap()),
+            ("DEPFLOW_FAKE_CUDA_RESULT", code),
+            ("DEPFLOW_REQUIRE_GPU", require),
+        ],
+    )
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stub_driver_library_is_named_in_the_skip() {
+    let lib = fake_driver().join("libcuda.so");
+    let (passed, text) = against_fake_driver("34", "0");
+    assert!(passed, "{text}");
+    let want = format!(
+        "SKIPPED {CROSS_LANE}: stream device: the CUDA driver ({}) failed to start (cuInit): \
+         CUDA_ERROR_STUB_LIBRARY (34); the library opened is a stub",
+        lib.display()
+    );
+    assert!(text.contains(&want), "{want}\nnot in:\n{text}");
+    // Required: the same reason, and a failure.
+    let (passed, text) = against_fake_driver("34", "1");
+    assert!(!passed, "{text}");
+    assert!(
+        text.contains(&format!(
+            "DEPFLOW_REQUIRE_GPU=1, but {CROSS_LANE} cannot run: "
+        )) && text.contains("CUDA_ERROR_STUB_LIBRARY (34)"),
+        "{text}"
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn driver_codes_are_named_by_number_even_where_cudarc_s_enum_lacks_them() {
+    for (code, want) in [
+        (
+            "803",
+            "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803); the libcuda opened does not match",
+        ),
+        // CUDA 13.0's, not in the CUDA 12.6 enum cudarc is built with.
+        ("226", "(cuInit): CUDA_ERROR_CONTAINED (226)"),
+        (
+            "4321",
+            "(cuInit): an error code unknown to this build (newer than CUDA 13.4?) (4321)",
+        ),
+        ("0", "reports no device (cuDeviceGetCount: 0)"),
+    ] {
+        let (passed, text) = against_fake_driver(code, "0");
+        assert!(
+            passed && text.contains(want),
+            "{code}: {want}\nnot in:\n{text}"
+        );
+    }
 }

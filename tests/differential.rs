@@ -24,9 +24,13 @@
 //! `stream`), which a serial replay would not.
 //!
 //! `DEPFLOW_DIFF_PROGRAMS` sets the number of programs per executor (default
-//! 1000; CI runs the default).
+//! 1000; CI runs the default). With `--features cuda` but no GPU the CUDA
+//! executor is skipped, with `SKIPPED` and why (the driver's words); under
+//! `DEPFLOW_REQUIRE_GPU=1` that skip is a failure.
 
 mod common;
+#[path = "../examples/gpu/require.rs"]
+mod require;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -749,16 +753,20 @@ fn random_programs_match_a_serial_replay_on_every_executor() {
     // The same programs on a real GPU (their device work is host functions,
     // run through cuLaunchHostFunc) where there is one.
     #[cfg(feature = "cuda")]
-    if depflow::stream::cuda_device_count() > 0 {
-        let cuda = Engine::builder()
-            .threads(2)
-            .device("d1", depflow::Executor::cuda(0, 2))
-            .device("d2", depflow::Executor::cuda(0, 1))
-            .build()
-            .unwrap();
-        all.push(("cuda", cuda));
-    } else {
-        eprintln!("no CUDA device: the differential test skips the CUDA executor");
+    match require::cuda_devices() {
+        Ok(_) => {
+            let cuda = Engine::builder()
+                .threads(2)
+                .device("d1", depflow::Executor::cuda(0, 2))
+                .device("d2", depflow::Executor::cuda(0, 1))
+                .build()
+                .unwrap();
+            all.push(("cuda", cuda));
+        }
+        Err(why) => require::skip(
+            "random_programs_match_a_serial_replay_on_every_executor (its CUDA executor)",
+            &why,
+        ),
     }
     for (name, engine) in all {
         let name = name.to_string();

@@ -3,10 +3,22 @@
 //! the sums on real GPUs, which skip where there is no CUDA device.
 //!
 //! A GPU test prints `SKIPPED` and what is missing (visibly: not captured
-//! by the test harness) and passes, unless `DEPFLOW_REQUIRE_GPU=1`, which
-//! makes a skip a failure (for a machine that has GPUs and NCCL).
+//! by the test harness; the driver's error by name and number, or the
+//! backend's own words on the NCCL library) and passes, unless
+//! `DEPFLOW_REQUIRE_GPU=1`, which makes a skip a failure (for a machine
+//! that has GPUs and NCCL: see `examples/gpu/require.rs`).
+//!
+//! On one GPU a sum over one rank equals its input, so the values cannot
+//! show a reduction that never ran. There each sum test runs its one-GPU
+//! case again in a child process with NCCL's own log of its collective
+//! calls on (`NCCL_DEBUG=INFO`, `NCCL_DEBUG_SUBSYS=COLL`) and checks that
+//! NCCL logged the `AllReduce` calls; and it prints `UNVERIFIED <test>: ...`
+//! (stderr, as `SKIPPED`): the reduction itself is not checked there.
 
 mod common;
+#[cfg(feature = "cuda")]
+#[path = "../examples/gpu/require.rs"]
+mod require;
 
 use common::parallel::sgd;
 use depflow::parallel::{AllReduce, Backend, Group};
@@ -126,43 +138,104 @@ fn auto_picks_the_ring_off_cuda() {
 }
 
 /// Reports a skipped test where the user sees it, or fails it if GPUs are
-/// required.
+/// required (`require::skip`).
 #[cfg(feature = "cuda")]
 fn skip(test: &str, why: &str) {
-    use std::io::Write;
-    if std::env::var("DEPFLOW_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("DEPFLOW_REQUIRE_GPU=1, but {test} cannot run: {why}");
+    require::skip(test, why);
+}
+
+/// How many CUDA devices there are (0, printed, where none).
+#[cfg(feature = "cuda")]
+fn cuda_gpus(test: &str) -> usize {
+    match require::cuda_devices() {
+        Ok(n) => n,
+        Err(why) => {
+            skip(test, &why);
+            0
+        }
     }
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 /// How many CUDA devices NCCL can run on here (0, printed, where none).
 #[cfg(feature = "cuda")]
 fn gpus(test: &str) -> usize {
-    let n = depflow::stream::cuda_device_count();
+    let n = cuda_gpus(test);
     if n == 0 {
-        skip(test, "no CUDA device (no driver, or no GPU)");
         return 0;
     }
     // SAFETY: only tries to open the library.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        skip(
-            test,
-            &format!(
-                "{n} CUDA device(s) but no NCCL library (tried {})",
-                cudarc::get_lib_name_candidates("nccl").join(", ")
-            ),
-        );
+        // The backend's own words: which names were tried, what works.
+        let (engine, devices) = engine(1, |d| Executor::cuda(d, 1));
+        let grads = vec![vec![engine.var(vec![0.0f32])]];
+        let why = match AllReduce::new(&engine, &devices, grads, &[1], Backend::Nccl) {
+            Err(e) => e.to_string(),
+            Ok(_) => "no NCCL library, yet Backend::Nccl was built".to_string(),
+        };
+        skip(test, &format!("{n} CUDA device(s), but {why}"));
         return 0;
     }
     n
 }
 
+/// Where one GPU is all there is: runs this binary's ignored test `child`
+/// (the one-GPU case of `test`) with NCCL's log of its collective calls on,
+/// checks that NCCL logged `calls` `AllReduce` calls at least, and says
+/// (visibly) that the reduction itself is unverified.
+#[cfg(feature = "cuda")]
+fn nccl_was_called(test: &str, child: &str, calls: usize) {
+    use std::io::Write;
+    let (passed, text) = common::streams::run_in_child(
+        child,
+        &["--ignored", "--nocapture"],
+        &[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "COLL")],
+    );
+    assert!(passed, "{child} failed:\n{text}");
+    let logged = text
+        .lines()
+        .filter(|l| l.contains("NCCL INFO AllReduce"))
+        .count();
+    assert!(
+        logged >= calls,
+        "on one GPU, NCCL logged {logged} AllReduce calls, not {calls} at least \
+         (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=COLL):\n{text}"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "UNVERIFIED {test}: on one GPU a sum equals its input, so the reduction itself is \
+         not checked; NCCL logged {logged} AllReduce calls (NCCL_DEBUG_SUBSYS=COLL)"
+    );
+}
+
+#[cfg(feature = "cuda")]
+const SUMS: &str = "nccl_sums_over_one_to_every_gpu";
+
 #[cfg(feature = "cuda")]
 #[test]
 fn nccl_sums_over_one_to_every_gpu() {
-    let count = gpus("nccl_sums_over_one_to_every_gpu");
+    let count = gpus(SUMS);
     for n in 1..=count {
+        sums(n);
+    }
+    if count == 1 {
+        // Two pushes, one NCCL call each at least.
+        nccl_was_called(SUMS, "sums_on_one_gpu", 2);
+    }
+}
+
+/// `nccl_sums_over_one_to_every_gpu`'s one-GPU case, alone (with NCCL's log
+/// on).
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "run by nccl_sums_over_one_to_every_gpu in a child process, on one GPU"]
+fn sums_on_one_gpu() {
+    sums(1);
+}
+
+/// Two segments summed over `n` GPUs, twice, checked on every device.
+#[cfg(feature = "cuda")]
+fn sums(n: usize) {
+    {
         let (engine, devices) = engine(n, |d| Executor::cuda(d, 1));
         // Two segments per device (3 and 5 floats): small integers, so any
         // order of the sum gives the same bits.
@@ -205,7 +278,8 @@ fn nccl_sums_over_one_to_every_gpu() {
 #[cfg(feature = "cuda")]
 #[test]
 fn two_devices_on_one_gpu_are_refused() {
-    if gpus("two_devices_on_one_gpu_are_refused") == 0 {
+    // Refused before NCCL is looked for: a GPU is all it needs.
+    if cuda_gpus("two_devices_on_one_gpu_are_refused") == 0 {
         return;
     }
     let (engine, devices) = engine(2, |_| Executor::cuda(0, 1));
@@ -216,10 +290,32 @@ fn two_devices_on_one_gpu_are_refused() {
 #[cfg(feature = "cuda")]
 #[test]
 fn a_group_steps_with_nccl_on_every_gpu() {
-    let n = gpus("a_group_steps_with_nccl_on_every_gpu");
+    let n = gpus(GROUP);
     if n == 0 {
         return;
     }
+    group_step(n);
+    if n == 1 {
+        // One bucket (one NCCL call) per parameter, two parameters.
+        nccl_was_called(GROUP, "a_group_step_on_one_gpu", 2);
+    }
+}
+
+#[cfg(feature = "cuda")]
+const GROUP: &str = "a_group_steps_with_nccl_on_every_gpu";
+
+/// `a_group_steps_with_nccl_on_every_gpu`'s one-GPU case, alone (with
+/// NCCL's log on).
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "run by a_group_steps_with_nccl_on_every_gpu in a child process, on one GPU"]
+fn a_group_step_on_one_gpu() {
+    group_step(1);
+}
+
+/// One step of a group on `n` GPUs, its weights checked on every device.
+#[cfg(feature = "cuda")]
+fn group_step(n: usize) {
     let (engine, devices) = engine(n, |d| Executor::cuda(d, 1));
     let mut group = Group::builder(&engine)
         .devices(devices)
@@ -291,10 +387,35 @@ fn nccl_over_device_memory_is_refused_off_cuda() {
 #[cfg(feature = "cuda")]
 #[test]
 fn nccl_sums_device_memory_over_one_to_every_gpu() {
+    let count = gpus(DEVICE_MEMORY);
+    for n in 1..=count {
+        device_memory_sums(n);
+    }
+    if count == 1 {
+        // Two pushes, one NCCL call each.
+        nccl_was_called(DEVICE_MEMORY, "device_memory_sums_on_one_gpu", 2);
+    }
+}
+
+#[cfg(feature = "cuda")]
+const DEVICE_MEMORY: &str = "nccl_sums_device_memory_over_one_to_every_gpu";
+
+/// `nccl_sums_device_memory_over_one_to_every_gpu`'s one-GPU case, alone
+/// (with NCCL's log on).
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "run by nccl_sums_device_memory_over_one_to_every_gpu in a child process, on one GPU"]
+fn device_memory_sums_on_one_gpu() {
+    device_memory_sums(1);
+}
+
+/// A buffer of device memory per GPU summed over `n` GPUs, twice, checked
+/// on every device.
+#[cfg(feature = "cuda")]
+fn device_memory_sums(n: usize) {
     use cudarc::driver::CudaContext;
     use depflow::parallel::NcclAllReduce;
-    let count = gpus("nccl_sums_device_memory_over_one_to_every_gpu");
-    for n in 1..=count {
+    {
         let (engine, devices) = engine(n, |d| Executor::cuda(d, 1));
         let ctxs: Vec<_> = (0..n)
             .map(|d| {

@@ -161,7 +161,7 @@ extern "C" __global__ void affine_softsign(float* x, int n, float a, float b) {
             // across streams (an event waited for and recorded at each use)
             // would order it a second time and cost launches.
             unsafe { ctx.disable_event_tracking() };
-            let ptx = super::nvrtc::compile(KERNEL)?;
+            let ptx = super::nvrtc::compile(KERNEL, &ctx)?;
             let softsign = ctx.load_module(ptx)?.load_function("affine_softsign")?;
             Ok(Self {
                 name: ctx.name()?,

@@ -2,11 +2,20 @@
 //! `gpu_pipeline` example and `benches/gpu.rs` (each includes this file with
 //! `#[path = ...] mod nvrtc;`).
 //!
-//! cudarc (built for CUDA 12) looks for `libnvrtc.so`, `libnvrtc.so.12` and
-//! older names, not for the `libnvrtc.so.13` a CUDA 13 machine may ship
-//! alone. [`compile`] tries cudarc first, then opens those newer names itself
-//! (`dlopen`) and calls the five NVRTC functions it needs (their signatures
-//! have not changed since CUDA 9); where none is found, the error says
+//! [`compile`] compiles for the device's own architecture
+//! (`--gpu-architecture=sm_XY` from its compute capability X.Y) and hands
+//! back CUBIN, machine code the driver loads as it is. Not PTX: an NVRTC
+//! newer than the driver (a CUDA 13.1 wheel on a CUDA 13.0 driver, say)
+//! writes PTX of a version the driver cannot JIT, so every kernel load would
+//! fail; its CUBIN runs (CUDA's minor-version compatibility).
+//!
+//! The library: cudarc (built for CUDA 12) looks for `libnvrtc.so`,
+//! `libnvrtc.so.12` and older names, not for the `libnvrtc.so.13` a CUDA 13
+//! machine (or the `nvidia-cuda-nvrtc` wheel) may ship alone. This file
+//! opens cudarc's names, in cudarc's order, then the newer ones itself
+//! (`dlopen`), and calls the NVRTC functions it needs through its own
+//! pointers, each result an `int` (their signatures have not changed since
+//! CUDA 11.1, which added `nvrtcGetCUBIN`); where none opens, the error says
 //! exactly which names were tried and where they were looked for.
 
 // `unsafe`: dlopen/dlsym and NVRTC's C functions, each block says why it is sound.
@@ -14,36 +23,49 @@
 // Not every includer calls every function.
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
 use cudarc::nvrtc::Ptx;
 
 /// Names of the NVRTC library that cudarc does not try.
 const NEWER: &[&str] = &["libnvrtc.so.13", "libnvrtc.so.14"];
 
-/// `src` compiled to PTX (the driver compiles PTX for the GPU it loads it
-/// on); an error says what is missing, or NVRTC's log.
-pub fn compile(src: &str) -> Result<Ptx, String> {
-    // SAFETY: only tries to open the library.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return cudarc::nvrtc::compile_ptx(src).map_err(|e| format!("NVRTC failed: {e}"));
-    }
+/// `src` compiled for the GPU of `ctx` (CUBIN for its architecture: see the
+/// module docs), to load with `ctx.load_module`; an error says what is
+/// missing, or NVRTC's log and the architecture it compiled for.
+pub fn compile(src: &str, ctx: &Arc<CudaContext>) -> Result<Ptx, String> {
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| format!("the device's compute capability: {e}"))?;
+    compile_for(src, major, minor)
+}
+
+/// `src` compiled to CUBIN for compute capability `major.minor`.
+pub fn compile_for(src: &str, major: i32, minor: i32) -> Result<Ptx, String> {
+    let arch = arch_option(major, minor);
     #[cfg(target_os = "linux")]
-    for name in NEWER {
-        if let Some(lib) = dl::Nvrtc::open(name) {
-            return lib.compile(src).map(Ptx::from_src);
-        }
+    if let Some(lib) = names().iter().find_map(|name| dl::Nvrtc::open(name)) {
+        return lib
+            .compile(src, &arch)
+            .map(Ptx::from_binary)
+            .map_err(|e| format!("{e} (compiling with {arch})"));
     }
     Err(missing())
+}
+
+/// NVRTC's option naming the architecture of compute capability
+/// `major.minor` (9.0: `--gpu-architecture=sm_90`): a real architecture,
+/// so NVRTC writes CUBIN.
+pub fn arch_option(major: i32, minor: i32) -> String {
+    format!("--gpu-architecture=sm_{major}{minor}")
 }
 
 /// Whether an NVRTC library opens (cudarc's names or the newer ones); the
 /// error says what is missing.
 pub fn available() -> Result<(), String> {
-    // SAFETY: only tries to open the library.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Ok(());
-    }
     #[cfg(target_os = "linux")]
-    if NEWER.iter().any(|name| dl::Nvrtc::open(name).is_some()) {
+    if names().iter().any(|name| dl::Nvrtc::open(name).is_some()) {
         return Ok(());
     }
     Err(missing())
@@ -57,16 +79,22 @@ pub fn candidates(lib: &str) -> Vec<String> {
     names
 }
 
-/// Which NVRTC libraries were looked for, and how to get one.
-pub fn missing() -> String {
+/// The NVRTC names tried, in order: cudarc's, then the newer ones.
+fn names() -> Vec<String> {
     let mut tried = candidates("nvrtc");
     tried.extend(NEWER.iter().map(|s| s.to_string()));
+    tried
+}
+
+/// Which NVRTC libraries were looked for, and how to get one.
+pub fn missing() -> String {
     format!(
         "NVRTC (the CUDA runtime compiler, which compiles the kernels) not found: none of {} \
          could be opened (looked for in LD_LIBRARY_PATH, /etc/ld.so.cache and the default \
          library directories); install the driver's CUDA version of NVRTC (e.g. the \
-         cuda-nvrtc-12-* or cuda-nvrtc-13-* package) or add its directory to LD_LIBRARY_PATH",
-        tried.join(", ")
+         cuda-nvrtc-12-* or cuda-nvrtc-13-* package, or the nvidia-cuda-nvrtc wheel) or add \
+         its directory to LD_LIBRARY_PATH",
+        names().join(", ")
     )
 }
 
@@ -103,8 +131,8 @@ mod dl {
         compile: Compile,
         log_size: Size,
         log: Get,
-        ptx_size: Size,
-        ptx: Get,
+        cubin_size: Size,
+        cubin: Get,
         destroy: Destroy,
     }
 
@@ -138,16 +166,19 @@ mod dl {
                     compile: symbol(lib, c"nvrtcCompileProgram")?,
                     log_size: symbol(lib, c"nvrtcGetProgramLogSize")?,
                     log: symbol(lib, c"nvrtcGetProgramLog")?,
-                    ptx_size: symbol(lib, c"nvrtcGetPTXSize")?,
-                    ptx: symbol(lib, c"nvrtcGetPTX")?,
+                    cubin_size: symbol(lib, c"nvrtcGetCUBINSize")?,
+                    cubin: symbol(lib, c"nvrtcGetCUBIN")?,
                     destroy: symbol(lib, c"nvrtcDestroyProgram")?,
                 })
             }
         }
 
-        /// `src` compiled to PTX text.
-        pub fn compile(&self, src: &str) -> Result<String, String> {
+        /// `src` compiled with the one option `arch` (a real architecture:
+        /// see `arch_option`), as CUBIN.
+        pub fn compile(&self, src: &str, arch: &str) -> Result<Vec<u8>, String> {
             let csrc = CString::new(src).map_err(|e| e.to_string())?;
+            let carch = CString::new(arch).map_err(|e| e.to_string())?;
+            let options = [carch.as_ptr()];
             let mut prog: Program = std::ptr::null_mut();
             // SAFETY: valid out pointer and NUL-terminated source; no headers.
             let r = unsafe {
@@ -163,14 +194,15 @@ mod dl {
             if r != 0 {
                 return Err(format!("nvrtcCreateProgram failed ({r})"));
             }
-            // SAFETY: `prog` was created above; no options.
-            let compiled = unsafe { (self.compile)(prog, 0, std::ptr::null()) };
+            // SAFETY: `prog` was created above; one NUL-terminated option,
+            // alive until the call returns.
+            let compiled = unsafe { (self.compile)(prog, 1, options.as_ptr()) };
             let result = if compiled == 0 {
-                // SAFETY: `prog` compiled.
-                unsafe { self.text(prog, self.ptx_size, self.ptx) }
+                // SAFETY: `prog` compiled for a real architecture: it has CUBIN.
+                unsafe { self.bytes(prog, self.cubin_size, self.cubin) }
             } else {
                 // SAFETY: `prog` exists; its log says why it failed.
-                let log = unsafe { self.text(prog, self.log_size, self.log) };
+                let log = unsafe { self.bytes(prog, self.log_size, self.log) }.map(|b| text(&b));
                 Err(format!(
                     "NVRTC failed ({compiled}): {}",
                     log.unwrap_or_default()
@@ -181,12 +213,12 @@ mod dl {
             result
         }
 
-        /// A string NVRTC writes into a buffer of the size it reports.
+        /// What NVRTC writes into a buffer of the size it reports.
         ///
         /// # Safety
         ///
         /// `prog` is a live program; `size` and `get` are a matching pair.
-        unsafe fn text(&self, prog: Program, size: Size, get: Get) -> Result<String, String> {
+        unsafe fn bytes(&self, prog: Program, size: Size, get: Get) -> Result<Vec<u8>, String> {
             let mut n = 0usize;
             // SAFETY: valid out pointer.
             if unsafe { size(prog, &mut n) } != 0 {
@@ -197,9 +229,14 @@ mod dl {
             if unsafe { get(prog, buf.as_mut_ptr().cast()) } != 0 {
                 return Err("NVRTC could not write its output".into());
             }
-            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-            buf.truncate(end);
-            String::from_utf8(buf).map_err(|e| e.to_string())
+            buf.truncate(n);
+            Ok(buf)
         }
+    }
+
+    /// A NUL-terminated log as text.
+    fn text(b: &[u8]) -> String {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end]).into_owned()
     }
 }

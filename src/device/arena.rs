@@ -409,7 +409,7 @@ mod cuda {
     use super::super::cuda::CudaGpu;
 
     fn message(e: cudarc::driver::DriverError) -> String {
-        crate::device::cuda_error::describe_driver(&e)
+        crate::device::driver::describe_driver(&e)
     }
 
     /// Runs `f` with the engine's context current, then restores the

@@ -49,7 +49,7 @@
 //! is still listed (with the fences, events and the backend the closures
 //! hold), which would otherwise leak.
 //!
-//! Driver errors are told by their number (`cuda_error::describe`):
+//! Driver errors are told by their number (`driver::describe_code`):
 //! cudarc's `CUresult` enum lacks codes of newer drivers.
 //!
 //! The only `unsafe` of the stream devices is here: probing for the driver
@@ -67,7 +67,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::backend::{SETTLE_DEADLINE, Settled};
-use super::cuda_error::describe_driver;
+use super::driver::describe_driver;
 use super::sim::RepeatFn;
 use crate::loom::sync::Mutex;
 

@@ -23,7 +23,7 @@ pub(crate) mod comm;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda_error;
+mod driver;
 mod memory;
 pub(crate) mod poller;
 pub(crate) mod sim;
@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 use self::backend::Gpu;
 pub(crate) use self::backend::{Backend, Event};
 pub(crate) use self::capture::CapturedGraph;
+#[cfg(feature = "cuda")]
+pub(crate) use self::driver::mapped as mapped_libraries;
 use self::poller::Poller;
 use crate::error::{Error, OpFailure, VarId};
 
@@ -206,6 +208,7 @@ impl Lane {
 
 /// How many CUDA devices this machine has: 0 without the `cuda` feature,
 /// without a driver, or if the driver reports an error. Never panics.
+/// [`cuda_devices`] says why there is none.
 ///
 /// ```
 /// if depflow::stream::cuda_device_count() == 0 {
@@ -213,10 +216,37 @@ impl Lane {
 /// }
 /// ```
 pub fn cuda_device_count() -> usize {
+    cuda_devices().unwrap_or(0)
+}
+
+/// How many CUDA devices this machine has (at least 1), or why it has
+/// none. Never panics.
+///
+/// # Errors
+///
+/// [`Error::Stream`] saying why there is no device: built without the
+/// `cuda` feature; no driver library (naming every file name tried); the
+/// driver failed to start or to count its devices, with the driver's
+/// error by name and number (`CUDA_ERROR_STUB_LIBRARY (34)`: a stub
+/// `libcuda.so` was opened instead of the driver;
+/// `CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)`: a forward-compatibility
+/// library the driver refuses; codes newer than the CUDA 12.6 API the crate
+/// is built for are named too) and the library file opened; or no device
+/// visible (`CUDA_VISIBLE_DEVICES`, MIG).
+///
+/// ```
+/// match depflow::stream::cuda_devices() {
+///     Ok(n) => println!("{n} CUDA device(s)"),
+///     Err(why) => println!("running on CPU devices: {why}"),
+/// }
+/// ```
+pub fn cuda_devices() -> Result<usize, Error> {
     #[cfg(feature = "cuda")]
-    return cuda::device_count();
+    return driver::devices().map_err(Error::Stream);
     #[cfg(not(feature = "cuda"))]
-    0
+    Err(Error::Stream(
+        "no CUDA device: depflow was built without its `cuda` feature".into(),
+    ))
 }
 
 /// The stream an op on a stream device enqueues its work on
