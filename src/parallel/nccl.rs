@@ -85,7 +85,9 @@
 
 mod comms;
 mod driver;
+mod keeper;
 mod probe;
+mod set;
 mod staging;
 
 use std::ops::Range;
@@ -190,13 +192,17 @@ impl Nccl {
             drop(keep);
             let arrivals = held.comms.issue(staging).map_err(fail)?;
             held.in_flight = true;
+            // Woken by the last stream callback. Meanwhile the keeper polls
+            // NCCL's asynchronous errors and the streams: on an error it
+            // aborts the communicators, whose kernels then quit, and the
+            // callbacks come.
             let failed = std::future::poll_fn(|cx| arrivals.poll_arrived(cx)).await;
             held.in_flight = false;
+            if let Some(m) = held.comms.failure() {
+                return Err(fail(format!("NCCL: {m}")));
+            }
             if let Some(e) = failed {
                 return Err(fail(format!("CUDA: {}", driver_message(DriverError(e)))));
-            }
-            if let Some(m) = held.comms.async_error() {
-                return Err(fail(format!("NCCL: {m}")));
             }
             let staging = held.staging.as_mut().expect("held until the drop");
             let _keep = KeepContext::new();

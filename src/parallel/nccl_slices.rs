@@ -173,7 +173,7 @@ impl NcclAllReduce {
             if len == 0 {
                 return Ok(());
             }
-            if let Some(m) = comms.async_error() {
+            if let Some(m) = comms.failure() {
                 return Err(Error::Parallel(format!("NCCL: {m}")).into());
             }
             let lane = ctx
