@@ -31,9 +31,25 @@
 //!    unlike `cuLaunchHostFunc`, is called on an error of the context too,
 //!    with the error) that counts the device in;
 //! 3. the body awaits: no thread blocks. The last device's callback wakes
-//!    it; it checks for errors (the callbacks' statuses, NCCL's
-//!    asynchronous ones, the copies') and unpacks the sums into every
-//!    device's segments.
+//!    it; it checks for errors (the communicators aborted or NCCL's
+//!    asynchronous ones, the callbacks' statuses, the copies') and unpacks
+//!    the sums into every device's segments.
+//!
+//! # Errors: abort first
+//!
+//! Meanwhile the communicators' keeper thread polls NCCL's asynchronous
+//! errors and the streams (`nccl/keeper.rs`). On any NCCL error (a failed
+//! call while issuing, an asynchronous error, a stream that failed) every
+//! communicator of the set is aborted (`ncclCommAbort`) **before** any
+//! stream is synchronised: a rank's kernel may wait forever for a peer
+//! whose part never ran, and only the abort makes it quit. The callbacks
+//! then come, the body fails with the rank and NCCL's message, and every
+//! later all-reduce on the set fails so; the next one made over the same
+//! GPUs gets new communicators. The error paths and a drop while the
+//! devices work wait the same way (polling, never a blocking synchronise
+//! on live communicators). The last all-reduce over a set lets the keeper
+//! end it (a grouped `ncclCommFinalize`, then `ncclCommDestroy` on each):
+//! its drop calls neither NCCL nor CUDA, wherever it runs.
 //!
 //! Why not a stream op on one device, completed by its event: the ops
 //! behind it on that device (the update, which reads the gradient in its
@@ -76,6 +92,11 @@
 //!   called;
 //! - `comms.rs`: the communicators of a set of GPUs, issuing on them, the
 //!   stream callback;
+//! - `set.rs`: a set's state (live, aborted) and the order of its calls on
+//!   an error and at its end (abort before synchronise; finalize, grouped,
+//!   before destroy), over a trait the tests fake;
+//! - `keeper.rs`: the thread per set that watches the work in flight and
+//!   ends the set;
 //! - `staging.rs`: one all-reduce's pinned and device buffers;
 //! - `driver.rs`: the driver's and NCCL's error messages, the thread's
 //!   context kept.
@@ -85,7 +106,9 @@
 
 mod comms;
 mod driver;
+mod keeper;
 mod probe;
+mod set;
 mod staging;
 
 use std::ops::Range;
@@ -190,13 +213,17 @@ impl Nccl {
             drop(keep);
             let arrivals = held.comms.issue(staging).map_err(fail)?;
             held.in_flight = true;
+            // Woken by the last stream callback. Meanwhile the keeper polls
+            // NCCL's asynchronous errors and the streams: on an error it
+            // aborts the communicators, whose kernels then quit, and the
+            // callbacks come.
             let failed = std::future::poll_fn(|cx| arrivals.poll_arrived(cx)).await;
             held.in_flight = false;
+            if let Some(m) = held.comms.failure() {
+                return Err(fail(format!("NCCL: {m}")));
+            }
             if let Some(e) = failed {
                 return Err(fail(format!("CUDA: {}", driver_message(DriverError(e)))));
-            }
-            if let Some(m) = held.comms.async_error() {
-                return Err(fail(format!("NCCL: {m}")));
             }
             let staging = held.staging.as_mut().expect("held until the drop");
             let _keep = KeepContext::new();

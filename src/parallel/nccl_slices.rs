@@ -31,7 +31,12 @@
 //!
 //! The buffers' cudarc event tracking is not used (the engine orders them:
 //! see `Stream::cuda`'s docs): keep it off on the context they come from.
-//! NCCL's asynchronous errors surface at the next push (its op fails).
+//! On an NCCL error (an asynchronous one, a failed call or stream) the
+//! communicators are aborted before anything waits for their streams (see
+//! `nccl.rs`): the kernels quit, so the op's fence is reached, but the
+//! buffers hold no sum. A failed call fails the op; an error seen while the
+//! devices work (the keeper's, or NCCL's asynchronous one) fails the next
+//! push's op (a stream op's fence cannot carry it).
 //! A buffer is freed where its `CudaSlice` drops, with that thread's
 //! current context (cudarc's rule): keep the variables' handles until the
 //! ops on them are done, so that the values drop on your thread (bind the
@@ -70,7 +75,10 @@ use crate::error::{BoxError, Error};
 /// - A buffer is freed where its `CudaSlice` drops, with that thread's
 ///   current context: keep the variables' handles until their ops are done,
 ///   so that the values drop on your thread.
-/// - NCCL's asynchronous errors fail the next push's op.
+/// - On an NCCL error the communicators are aborted (their kernels quit,
+///   the buffers hold no sum): a failed call fails the op, an
+///   asynchronous error fails the next push's op, and every later push
+///   fails (make a new `NcclAllReduce` for new communicators).
 /// - Written and built without a GPU to run it on: its GPU test
 ///   (`tests/nccl.rs`) skips where there is no CUDA device.
 ///
@@ -173,7 +181,7 @@ impl NcclAllReduce {
             if len == 0 {
                 return Ok(());
             }
-            if let Some(m) = comms.async_error() {
+            if let Some(m) = comms.failure() {
                 return Err(Error::Parallel(format!("NCCL: {m}")).into());
             }
             let lane = ctx

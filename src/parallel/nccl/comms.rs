@@ -6,6 +6,15 @@
 //! the same order (NCCL's rule); and the stream callback counting a device
 //! in once its stream ran them ([`arrived`]).
 //!
+//! Their lifecycle is `set.rs`'s, over the real calls here ([`CudaRanks`]):
+//! any NCCL error aborts every communicator before a stream is
+//! synchronised, waits poll NCCL's asynchronous errors, and the end is a
+//! grouped finalize then the destroys. A keeper thread per set
+//! (`keeper.rs`) watches the work in flight and makes that end, so that
+//! the drop of the last all-reduce (on a device's launcher, perhaps) calls
+//! neither NCCL nor CUDA. An aborted set is left out of the cache: the
+//! next all-reduce over those GPUs makes new communicators.
+//!
 //! Owns the communicators, their streams and the lock; the buffers issued
 //! on are the caller's ([`Staging`], or `nccl_slices.rs`'s device memory).
 
@@ -19,35 +28,130 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, sys};
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 
 use super::driver::{KeepContext, driver_message, nccl_message};
+use super::keeper::Keeper;
+use super::set::{Locked, Ranks, Set, StreamState};
 use super::staging::Staging;
 use crate::error::Error;
 
-/// A communicator of NCCL's: used only under [`Comms`]'s lock, destroyed
-/// once by its drop.
+/// The NCCL functions the backend calls: all of them are probed
+/// (`probe.rs`'s list) before the first call (cudarc's loader panics on a
+/// missing one).
+#[cfg(test)]
+pub(super) const CALLED: [&str; 9] = [
+    "ncclCommInitAll",
+    "ncclGroupStart",
+    "ncclGroupEnd",
+    "ncclAllReduce",
+    "ncclCommGetAsyncError",
+    "ncclGetErrorString",
+    "ncclCommAbort",
+    "ncclCommFinalize",
+    "ncclCommDestroy",
+];
+
+/// A communicator of NCCL's: used only under its [`Set`]'s lock while the
+/// set is live.
 struct RawComm(nccl_sys::ncclComm_t);
 
 // SAFETY: an ncclComm_t may be used from any thread, one at a time (NCCL's
-// rule); `Comms` issues under its lock and destroys it in its drop.
+// rule); every use is under the set's lock.
 unsafe impl Send for RawComm {}
-// SAFETY: as above: every use goes through `Comms::issue` (under the lock)
-// or the drop (`&mut`).
+// SAFETY: as above: every use goes through the set's lock.
 unsafe impl Sync for RawComm {}
 
-/// One device of a [`Comms`].
+/// One device of a [`Comms`]: its context handle and NCCL stream.
+#[derive(Clone)]
 pub(super) struct Rank {
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
-    comm: RawComm,
+}
+
+/// The communicators of a set, with their devices, as `set.rs` calls them.
+pub(super) struct CudaRanks {
+    devices: Vec<Rank>,
+    comms: Vec<RawComm>,
+}
+
+impl Ranks for CudaRanks {
+    fn count(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn stream(&self, rank: usize) -> StreamState {
+        let d = &self.devices[rank];
+        let _ = d.ctx.bind_to_thread();
+        // SAFETY: the stream is alive (the rank's).
+        match unsafe { sys::cuStreamQuery(d.stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => StreamState::Idle,
+            sys::CUresult::CUDA_ERROR_NOT_READY => StreamState::Busy,
+            e => StreamState::Failed(driver_message(cudarc::driver::DriverError(e))),
+        }
+    }
+
+    fn synchronize(&self, rank: usize) {
+        let d = &self.devices[rank];
+        let _ = d.ctx.bind_to_thread();
+        let _ = d.stream.synchronize();
+    }
+
+    unsafe fn async_error(&self, rank: usize) -> Option<String> {
+        let mut e = nccl_sys::ncclResult_t::ncclSuccess;
+        // SAFETY: the comm is live (the caller's); `e` is a valid place for
+        // the answer.
+        let asked = unsafe { nccl_sys::ncclCommGetAsyncError(self.comms[rank].0, &mut e) };
+        [asked, e]
+            .into_iter()
+            .find(|&r| {
+                !matches!(
+                    r,
+                    nccl_sys::ncclResult_t::ncclSuccess | nccl_sys::ncclResult_t::ncclInProgress
+                )
+            })
+            .map(nccl_message)
+    }
+
+    unsafe fn abort(&self, rank: usize) {
+        let _ = self.devices[rank].ctx.bind_to_thread();
+        // SAFETY: the caller's: live, aborted once.
+        let _ = unsafe { nccl::comm_abort(self.comms[rank].0) };
+    }
+
+    unsafe fn group_start(&self) -> Result<(), String> {
+        nccl::group_start().map(drop).map_err(|e| nccl_message(e.0))
+    }
+
+    unsafe fn group_end(&self) -> Result<(), String> {
+        nccl::group_end().map(drop).map_err(|e| nccl_message(e.0))
+    }
+
+    unsafe fn finalize(&self, rank: usize) -> Result<(), String> {
+        let _ = self.devices[rank].ctx.bind_to_thread();
+        // SAFETY: the caller's: live, inside a group, nothing more
+        // enqueued. Called through `sys` (cudarc's `result` wraps it only
+        // for some CUDA versions); the probe found the symbol.
+        unsafe { nccl_sys::ncclCommFinalize(self.comms[rank].0) }
+            .result()
+            .map(drop)
+            .map_err(|e| nccl_message(e.0))
+    }
+
+    unsafe fn destroy(&self, rank: usize) {
+        let _ = self.devices[rank].ctx.bind_to_thread();
+        // SAFETY: the caller's: finalised, destroyed once.
+        let _ = unsafe { nccl::comm_destroy(self.comms[rank].0) };
+    }
 }
 
 /// Per device: a stream and a communicator, all made by one
 /// `ncclCommInitAll`; shared by the all-reduces over the same GPUs.
 pub(in crate::parallel) struct Comms {
     ordinals: Vec<usize>,
+    /// The devices' context handles and streams (the staging's too).
     pub(super) ranks: Vec<Rank>,
-    /// Held while a body issues; `Some` once an NCCL call failed (the
-    /// communicators' state is then unknown: every later use fails so).
-    issue: Mutex<Option<String>>,
+    set: Arc<Set<CudaRanks>>,
+    /// Watches the work in flight; ends the set on its own thread once
+    /// this is dropped (module docs).
+    keeper: Keeper,
 }
 
 impl std::fmt::Debug for Comms {
@@ -59,15 +163,15 @@ impl std::fmt::Debug for Comms {
 }
 
 /// The live communicator sets of the process (weak: the last all-reduce
-/// using one destroys it).
+/// using one lets its keeper end it).
 static CACHE: Mutex<Vec<Weak<Comms>>> = Mutex::new(Vec::new());
 
 impl Comms {
     /// The communicators over `ordinals` (in that rank order): the cached
-    /// ones, or new ones.
+    /// ones (unless aborted), or new ones.
     pub(in crate::parallel) fn get(ordinals: &[usize]) -> Result<Arc<Self>, Error> {
         let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.retain(|w| w.strong_count() > 0);
+        cache.retain(|w| w.upgrade().is_some_and(|c| !c.set.is_aborted()));
         if let Some(c) = cache
             .iter()
             .filter_map(Weak::upgrade)
@@ -83,16 +187,15 @@ impl Comms {
     }
 
     fn new(ordinals: &[usize]) -> Result<Self, String> {
-        let mut ctxs = Vec::with_capacity(ordinals.len());
-        let mut streams = Vec::with_capacity(ordinals.len());
+        let mut devices = Vec::with_capacity(ordinals.len());
         for &o in ordinals {
             let ctx = CudaContext::new(o).map_err(driver_message)?;
             // SAFETY: this handle's buffers (the staging) are used only on
             // its own stream, in order; turning tracking off before the
             // stream exists saves the synchronisation `new_stream` would do.
             unsafe { ctx.disable_event_tracking() };
-            streams.push(ctx.new_stream().map_err(driver_message)?);
-            ctxs.push(ctx);
+            let stream = ctx.new_stream().map_err(driver_message)?;
+            devices.push(Rank { ctx, stream });
         }
         let n = i32::try_from(ordinals.len()).map_err(|_| "too many devices".to_string())?;
         let list = ordinals
@@ -104,33 +207,29 @@ impl Comms {
         // device ordinals; `library` found the symbols.
         unsafe { nccl::comm_init_all(raw.as_mut_ptr(), n, list.as_ptr()) }
             .map_err(|e| format!("ncclCommInitAll: {}", nccl_message(e.0)))?;
-        let ranks = ctxs
-            .into_iter()
-            .zip(streams)
-            .zip(raw)
-            .map(|((ctx, stream), comm)| Rank {
-                ctx,
-                stream,
-                comm: RawComm(comm),
-            })
-            .collect();
+        let set = Arc::new(Set::new(CudaRanks {
+            devices: devices.clone(),
+            comms: raw.into_iter().map(RawComm).collect(),
+        }));
+        let keeper = Keeper::start("nccl-keeper".into(), set.clone()).map_err(|e| {
+            // No keeper to end them: ended here.
+            set.close();
+            format!("starting the NCCL keeper thread: {e}")
+        })?;
         Ok(Self {
             ordinals: ordinals.to_vec(),
-            ranks,
-            issue: Mutex::new(None),
+            ranks: devices,
+            set,
+            keeper,
         })
     }
 
-    /// The communicators, to issue on (under their lock), unless an NCCL
-    /// call failed earlier.
+    /// The communicators, to issue on (under their lock), unless they were
+    /// aborted (an NCCL error, earlier).
     pub(in crate::parallel) fn lock(&self) -> Result<Issuing<'_>, String> {
-        let broken = self.issue.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(m) = &*broken {
-            return Err(format!("the NCCL communicators failed earlier: {m}"));
-        }
         Ok(Issuing {
-            comms: self,
-            broken,
+            locked: self.set.lock()?,
+            keeper: &self.keeper,
         })
     }
 
@@ -142,13 +241,14 @@ impl Comms {
     /// Enqueues on every device's stream: the copy of its pinned buffer to
     /// the device, the grouped all-reduce, the copy back, and a callback
     /// counting it into the returned [`Arrivals`]. On an error, the streams
-    /// are synchronised before it is returned (nothing is left running on
-    /// the buffers).
+    /// are settled before it is returned (nothing is left running on the
+    /// buffers; an NCCL error aborted the communicators first).
     pub(super) fn issue(&self, staging: &mut Staging) -> Result<Arc<Arrivals>, String> {
         let _keep = KeepContext::new();
         let mut issuing = self.lock()?;
         let arrivals = Arc::new(Arrivals::new(self.ranks.len()));
         let issued = self.enqueue(&mut issuing, staging, &arrivals);
+        drop(issuing);
         if issued.is_err() {
             self.synchronize();
         }
@@ -198,55 +298,38 @@ impl Comms {
         Ok(())
     }
 
-    /// Waits for every rank's stream (an error path, or a drop).
+    /// Waits until nothing of NCCL's runs on the streams (an error path, or
+    /// a drop while the devices work): polls NCCL's asynchronous errors and
+    /// the streams; on an error, aborts every communicator, then
+    /// synchronises (`set.rs`). Never a blocking synchronise on live
+    /// communicators, whose kernels could wait for a peer forever.
     pub(in crate::parallel) fn synchronize(&self) {
         let _keep = KeepContext::new();
-        for r in &self.ranks {
-            let _ = r.ctx.bind_to_thread();
-            let _ = r.stream.synchronize();
-        }
+        let _ = self.set.settle();
     }
 
-    /// NCCL's asynchronous errors of the communicators, if any.
-    pub(in crate::parallel) fn async_error(&self) -> Option<String> {
-        for (i, r) in self.ranks.iter().enumerate() {
-            let mut e = nccl_sys::ncclResult_t::ncclSuccess;
-            // SAFETY: the comm is alive; `e` is a valid place for the answer.
-            let asked = unsafe { nccl_sys::ncclCommGetAsyncError(r.comm.0, &mut e) };
-            for got in [asked, e] {
-                if got != nccl_sys::ncclResult_t::ncclSuccess {
-                    return Some(format!("device {i}: {}", nccl_message(got)));
-                }
-            }
-        }
-        None
-    }
-}
-
-impl Drop for Comms {
-    fn drop(&mut self) {
-        self.synchronize();
-        for r in &self.ranks {
-            let _ = r.ctx.bind_to_thread();
-            // SAFETY: made by `ncclCommInitAll`, destroyed once, nothing
-            // enqueued on it any more (synchronised above).
-            let _ = unsafe { nccl::comm_destroy(r.comm.0) };
-        }
+    /// Why the communicators failed, if they did: aborted after an NCCL
+    /// error (the keeper's, or an issue's), or an asynchronous error now
+    /// (which aborts them). Names the rank and NCCL's message.
+    pub(in crate::parallel) fn failure(&self) -> Option<String> {
+        self.set.failure()
     }
 }
 
 /// The communicators, locked for one thread to issue on.
 pub(in crate::parallel) struct Issuing<'a> {
-    comms: &'a Comms,
-    broken: std::sync::MutexGuard<'a, Option<String>>,
+    locked: Locked<'a, CudaRanks>,
+    keeper: &'a Keeper,
 }
 
 impl Issuing<'_> {
     /// One in-place `ncclAllReduce` (sum) of `len` floats per rank, at
     /// `ptrs[rank]`, on each rank's stream, between `ncclGroupStart` and
     /// `ncclGroupEnd` (from one thread, the calls of all ranks must be
-    /// grouped: each would wait for the others). An NCCL error marks the
-    /// communicators failed: every later use fails so.
+    /// grouped: each would wait for the others). An NCCL error aborts every
+    /// communicator at once (a rank's kernel may have launched without its
+    /// peers'): every later use fails so. On success the keeper watches
+    /// the work until it is done.
     ///
     /// # Safety
     ///
@@ -259,19 +342,22 @@ impl Issuing<'_> {
         len: usize,
     ) -> Result<(), String> {
         let called = self.grouped(ptrs, len);
-        if let Err(m) = &called {
-            *self.broken = Some(m.clone());
+        match &called {
+            Err(m) => self.locked.fail(m.clone()),
+            Ok(()) => self.keeper.nudge(),
         }
         called
     }
 
     fn grouped(&self, ptrs: &[sys::CUdeviceptr], len: usize) -> Result<(), String> {
         let error = |what: &str, e: nccl::NcclError| format!("{what}: {}", nccl_message(e.0));
+        let ranks = self.locked.ranks();
         nccl::group_start().map_err(|e| error("ncclGroupStart", e))?;
         let mut called = Ok(());
-        for (r, &ptr) in self.comms.ranks.iter().zip(ptrs) {
+        for ((r, comm), &ptr) in ranks.devices.iter().zip(&ranks.comms).zip(ptrs) {
             // SAFETY: the caller's (`all_reduce`'s contract); in place, which
-            // NCCL allows; the comm and the stream are the rank's.
+            // NCCL allows; the comm (live: the set is locked) and the stream
+            // are the rank's.
             let r = unsafe {
                 nccl::all_reduce(
                     ptr as *const std::ffi::c_void,
@@ -279,7 +365,7 @@ impl Issuing<'_> {
                     len,
                     nccl_sys::ncclDataType_t::ncclFloat32,
                     nccl_sys::ncclRedOp_t::ncclSum,
-                    r.comm.0,
+                    comm.0,
                     r.stream.cu_stream() as nccl_sys::cudaStream_t,
                 )
             };
@@ -317,6 +403,17 @@ unsafe extern "C" fn arrived(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_nccl_function_called_is_probed_first() {
+        for name in CALLED {
+            assert!(
+                super::super::probe::SYMBOLS.contains(&name),
+                "{name} is called but not probed: a library without it would panic in \
+                 cudarc's loader instead of being refused"
+            );
+        }
+    }
 
     #[test]
     fn the_callback_counts_its_device_in_and_gives_its_arc_back() {

@@ -19,8 +19,9 @@ use crate::dep::Device;
 use crate::engine::Engine;
 use crate::error::Error;
 
-/// The NCCL symbols the backend calls (probed before the first call).
-const SYMBOLS: [&str; 7] = [
+/// The NCCL symbols the backend calls (probed before the first call;
+/// `ncclCommFinalize` is NCCL 2.14's).
+pub(super) const SYMBOLS: [&str; 9] = [
     "ncclCommInitAll",
     "ncclCommDestroy",
     "ncclGroupStart",
@@ -28,6 +29,8 @@ const SYMBOLS: [&str; 7] = [
     "ncclAllReduce",
     "ncclCommGetAsyncError",
     "ncclGetErrorString",
+    "ncclCommAbort",
+    "ncclCommFinalize",
 ];
 
 /// Whether the NCCL library loads and has what the backend calls; why not
