@@ -139,6 +139,8 @@ fn checks(world: &mpi::topology::SimpleCommunicator) {
     errors(&engine, &comm);
     one_rank_fails(&engine, &comm);
     failure_messages(&engine, &comm);
+    empty_collectives(&engine, &comm);
+    mismatched_tags(&engine, &comm);
     waiting_costs_no_core(&engine, &comm);
 
     // A collective pushed but not issued when the communicator shuts down
@@ -673,6 +675,107 @@ fn failure_messages(engine: &Engine, comm: &Communicator) {
             .unwrap();
         assert_eq!(engine.get(&w).wait().unwrap(), vec![3.0 * size as f64; n]);
     }
+    engine.wait_all().wait().ok(); // the failures above, recorded
+}
+
+/// Collectives of empty vectors complete, of every basic type: an empty
+/// `Vec<u8>`'s pointer (1, dangling) is Open MPI's `MPI_IN_PLACE`, which
+/// made `MPI_Iallreduce` fail with `MPI_ERR_BUFFER` and its default error
+/// handler abort every rank.
+fn empty_collectives(engine: &Engine, comm: &Communicator) {
+    fn each<T>(engine: &Engine, comm: &Communicator)
+    where
+        T: mpi::traits::Equivalence + Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static,
+    {
+        let limit = Duration::from_secs(60);
+        let v: Var<Vec<T>> = engine.var(Vec::new());
+        comm.all_reduce(&v)
+            .push()
+            .unwrap()
+            .wait_timeout(limit)
+            .unwrap();
+        comm.broadcast(&v, 0)
+            .push()
+            .unwrap()
+            .wait_timeout(limit)
+            .unwrap();
+        let out: Var<Vec<T>> = engine.var(Vec::new());
+        comm.all_gather(&v, &out)
+            .push()
+            .unwrap()
+            .wait_timeout(limit)
+            .unwrap();
+        assert!(engine.get(&v).wait().unwrap().is_empty());
+        assert!(engine.get(&out).wait().unwrap().is_empty());
+    }
+    each::<u8>(engine, comm);
+    each::<i8>(engine, comm);
+    each::<u16>(engine, comm);
+    each::<i32>(engine, comm);
+    each::<u64>(engine, comm);
+    each::<f32>(engine, comm);
+    each::<f64>(engine, comm);
+    // Skipped on the last rank (a stand-in of length 0): fails everywhere,
+    // no MPI abort.
+    let size = comm.size();
+    let v: Var<Vec<u8>> = engine.var(Vec::new());
+    if comm.rank() == size - 1 {
+        poison(engine, &v, "nothing here".into());
+    }
+    let r = comm
+        .all_reduce(&v)
+        .push()
+        .unwrap()
+        .wait_timeout(Duration::from_secs(60));
+    assert!(r.is_err() || size == 1, "{r:?}");
+    engine.wait_all().wait().ok(); // the failure above, recorded
+}
+
+/// Collectives tagged differently across ranks (a rank skipped one, so
+/// the ranks pair collectives of different steps) fail on every rank,
+/// their results unused and their outputs poisoned, rather than computing
+/// with another collective's data. The last rank skips tag 1 and adds tag
+/// 4: three mismatched pairs.
+fn mismatched_tags(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let limit = Duration::from_secs(60);
+    // Matching tags: a plain sum.
+    let v = engine.var(vec![1.0f64; 8]);
+    comm.all_reduce(&v)
+        .tag(7)
+        .push()
+        .unwrap()
+        .wait_timeout(limit)
+        .unwrap();
+    assert_eq!(engine.get(&v).wait().unwrap(), vec![size as f64; 8]);
+    if size < 2 {
+        return;
+    }
+    let tags: Vec<u64> = if rank == size - 1 {
+        vec![2, 3, 4]
+    } else {
+        vec![1, 2, 3]
+    };
+    let vars: Vec<Var<Vec<f64>>> = (0..3).map(|_| engine.var(vec![1.0f64; 8])).collect();
+    let handles: Vec<_> = vars
+        .iter()
+        .zip(&tags)
+        .map(|(v, &t)| comm.all_reduce(v).name("step").tag(t).push().unwrap())
+        .collect();
+    for (v, mut h) in vars.iter().zip(handles) {
+        let m = collective_message(&h.wait_timeout(limit))
+            .unwrap_or_else(|| panic!("rank {rank}: not failed"));
+        assert!(m.starts_with("step: the ranks are out of step"), "{m}");
+        assert_poisoned(engine, v);
+    }
+    // In step again: a plain sum.
+    let w = engine.var(vec![2u32; 4]);
+    comm.all_reduce(&w)
+        .push()
+        .unwrap()
+        .wait_timeout(limit)
+        .unwrap();
+    assert_eq!(engine.get(&w).wait().unwrap(), vec![2 * size as u32; 4]);
     engine.wait_all().wait().ok(); // the failures above, recorded
 }
 

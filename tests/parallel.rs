@@ -6,7 +6,9 @@ mod common;
 
 use common::parallel::{backward, hold, ring_order, sgd};
 use common::{mix, within};
-use depflow::parallel::{AllReduce, Backend, Group, Overlap, Param, Update, serial_sum};
+use depflow::parallel::{
+    AllReduce, Backend, Group, Overlap, Param, Update, chunk_range, serial_sum,
+};
 use depflow::{Device, Engine, Error, Executor, Tracing, Var};
 
 /// An engine with `n` devices: CPU devices (one worker each), or, with
@@ -352,6 +354,10 @@ fn bad_input_is_refused_with_a_clear_error() {
     // Nothing was left half pushed, nothing failed.
     engine.wait_all().wait().unwrap();
     assert_eq!(group.weights(p, 1).unwrap(), [1.0]);
+    // Indices out of range: errors, not panics.
+    parallel_error(group.weights(p, 2), "no device 2");
+    parallel_error(chunk_range(10, 0, 0), "cut into 0 chunk(s)");
+    parallel_error(chunk_range(10, 3, 3), "chunk 3 of");
 }
 
 #[test]

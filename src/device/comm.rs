@@ -202,11 +202,13 @@ impl Comm {
     }
 
     /// The next place in the issue order (push order), for collective
-    /// `what` on elements of `T`.
-    pub(crate) fn ticket<T: Equivalence>(&self, what: Collective) -> Ticket {
+    /// `what` on elements of `T`, tagged `tag` (every rank must tag the
+    /// collective it pairs with alike: `calls.rs`).
+    pub(crate) fn ticket<T: Equivalence>(&self, what: Collective, tag: u64) -> Ticket {
         Ticket {
             shared: self.shared.clone(),
             n: self.shared.next_ticket.fetch_add(1, Relaxed),
+            tag,
             spec: Spec::of::<T>(what),
             reason: Reason::Skipped,
             why: None,
@@ -222,7 +224,8 @@ impl Comm {
         mut ticket: Ticket,
         buf: Vec<T>,
     ) -> Completion<T> {
-        let pending = Arc::new(Pending::new(ticket.spec.what, ticket.n, self.size(), buf));
+        let place = (ticket.n, ticket.tag);
+        let pending = Arc::new(Pending::new(ticket.spec.what, place, self.size(), buf));
         ticket.used = true;
         let failed = self.shared.fill(ticket.n, Slot::Submitted(pending.clone()));
         finish(failed);

@@ -58,7 +58,7 @@ use crate::error::{BoxError, Error};
 /// rank (a poisoned or deleted input, cancelled) or refuses it there (an
 /// all-gather output of the wrong length) still takes its part on that
 /// rank: a stand-in issues the MPI calls with a zeroed buffer, and every
-/// collective carries a small status word (an `MPI_Iallreduce` of two
+/// collective carries a small status word (an `MPI_Iallreduce` of four
 /// `i64`s, issued just before its data) that tells every rank whether some
 /// rank failed. So the collective fails on *every* rank, with
 /// [`Error::Collective`] naming the lowest failing rank and carrying its
@@ -69,6 +69,11 @@ use crate::error::{BoxError, Error};
 /// stay in step for the collectives after it: a failure propagates instead
 /// of leaving the other ranks waiting forever in MPI. The words cost one
 /// more small broadcast, made only when a rank failed.
+///
+/// **Ranks out of step.** Each collective's status word also carries its
+/// [`tag`](CollectiveOp::tag): collectives paired across ranks with
+/// different tags fail on every rank instead of computing with each
+/// other's data.
 ///
 /// **MPI's setup.** MPI must be initialised with
 /// [`Threading::Serialized`](mpi::Threading::Serialized) at least (every
@@ -239,6 +244,7 @@ impl Communicator {
             input,
             name: None,
             priority: 0,
+            tag: 0,
         }
     }
 
@@ -283,6 +289,7 @@ pub struct CollectiveOp<'a, T> {
     input: Option<&'a Var<Vec<T>>>,
     name: Option<Cow<'static, str>>,
     priority: i32,
+    tag: u64,
 }
 
 impl<T> CollectiveOp<'_, T>
@@ -300,6 +307,36 @@ where
     /// the push order (see [`Communicator`]).
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// Tags the collective (default 0): every rank must give the
+    /// collective it pairs with the same tag, a step number, say. The
+    /// status word carries it, so collectives whose tags differ across
+    /// ranks (some rank skipped or added a collective before this one: the
+    /// ranks are out of step) fail on every rank with
+    /// [`Error::Collective`] saying so, their outputs poisoned, instead of
+    /// computing with another collective's data. A
+    /// [`Group`](crate::parallel::Group) across ranks tags its collectives
+    /// with its step number (from 1).
+    ///
+    /// It detects, it cannot repair: the data calls were issued meanwhile,
+    /// and ranks out of step stay so (the collectives after fail too, and
+    /// the last ones of the rank with more wait for a partner). Of
+    /// different shapes (a broadcast paired with an all-reduce, other
+    /// lengths), MPI may refuse them or wait in them.
+    ///
+    /// ```no_run
+    /// # fn f(engine: &depflow::Engine, comm: &depflow::Communicator) -> Result<(), depflow::Error> {
+    /// let grad = engine.var(vec![1.0f32; 4]);
+    /// for step in 1..=10 {
+    ///     // ... the step's ops on `grad` ...
+    ///     comm.all_reduce(&grad).tag(step).push()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn tag(mut self, tag: u64) -> Self {
+        self.tag = tag;
         self
     }
 
@@ -369,7 +406,7 @@ where
         // body never submits (skipped, cancelled, a failed push, refusing
         // the collective), dropping it issues a stand-in in its place,
         // telling the other ranks why.
-        let mut ticket = Unsubmitted(Some(backend.ticket::<T>(what)));
+        let mut ticket = Unsubmitted(Some(backend.ticket::<T>(what, self.tag)));
         op.run_async(move |ctx: OpCtx| async move {
             let fail =
                 |m: String| -> BoxError { Box::new(Error::Collective(format!("{label}: {m}"))) };

@@ -269,6 +269,19 @@ impl AllReduce {
     /// the ops may then have been pushed. Failures of the ops themselves
     /// go to their outputs, as poison.
     pub fn push(&self, engine: &Engine, priority: i32) -> Result<(), Error> {
+        self.push_tagged(engine, priority, 0)
+    }
+
+    /// [`push`](Self::push), its collectives across ranks tagged `tag`
+    /// (a group's step: `CollectiveOp::tag`).
+    pub(super) fn push_tagged(
+        &self,
+        engine: &Engine,
+        priority: i32,
+        tag: u64,
+    ) -> Result<(), Error> {
+        #[cfg(not(feature = "mpi"))]
+        let _ = tag;
         let ring = match &self.plan {
             Plan::Alone => return Ok(()),
             Plan::Ring(ring) => ring,
@@ -290,6 +303,7 @@ impl AllReduce {
                     .all_reduce(&ring.chunks[ring.owner(c)][c])
                     .name("allreduce ranks")
                     .priority(priority)
+                    .tag(tag)
                     .push()?;
             }
         }

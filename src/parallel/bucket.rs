@@ -89,20 +89,26 @@ pub(super) struct Buckets {
     /// device `d` has pushed the op writing `p`'s gradient.
     left: Vec<usize>,
     marked: Vec<bool>,
+    /// This step's tag, on its collectives across ranks.
+    tag: u64,
 }
 
 impl Buckets {
-    /// Groups the parameters into buckets of at most `group.bucket_bytes`.
-    pub(super) fn new(group: &Group) -> Result<Self, Error> {
+    /// Groups the parameters into buckets of at most `group.bucket_bytes`
+    /// (across ranks, checking the ranks' layouts with one collective
+    /// tagged `tag`).
+    pub(super) fn new(group: &Group, tag: u64) -> Result<Self, Error> {
         let n = group.members.len();
         let cuts = cuts(group.params.iter().map(|p| p.len), group.bucket_bytes);
+        #[cfg(not(feature = "mpi"))]
+        let _ = tag;
         #[cfg(feature = "mpi")]
         if let Some(ranks) = &group.ranks {
             let lens: Vec<usize> = cuts
                 .iter()
                 .map(|b| b.iter().map(|&p| group.params[p].len).sum())
                 .collect();
-            super::ranks::check_layout(group, ranks, &lens)?;
+            super::ranks::check_layout(group, ranks, &lens, tag)?;
         }
         let mut of = vec![0; group.params.len()];
         let mut list = Vec::with_capacity(cuts.len());
@@ -129,11 +135,13 @@ impl Buckets {
             marked: vec![false; group.params.len() * n],
             list,
             of,
+            tag,
         })
     }
 
-    /// Starts a step: no gradient pushed yet.
-    pub(super) fn start(&mut self, n: usize) {
+    /// Starts a step tagged `tag`: no gradient pushed yet.
+    pub(super) fn start(&mut self, n: usize, tag: u64) {
+        self.tag = tag;
         for (left, bucket) in self.left.iter_mut().zip(&self.list) {
             *left = bucket.params.len() * n;
         }
@@ -174,6 +182,26 @@ impl Buckets {
         Ok(())
     }
 
+    /// The step failed with `error` on this rank (across ranks): poisons
+    /// the gradients of the buckets not pushed yet with it (one op), then
+    /// pushes their reductions, which skip on the poison, so that their
+    /// collectives take part, failed (see `step.rs`).
+    pub(super) fn fail_rest(&mut self, group: &Group, error: &Error) -> Result<(), Error> {
+        let unpushed = (0..self.list.len()).filter(|&b| self.left[b] > 0);
+        let params = unpushed.flat_map(|b| &self.list[b].params);
+        let grads: Vec<&Var<Vec<f32>>> = params.flat_map(|&p| &group.params[p].grads).collect();
+        if grads.is_empty() {
+            return Ok(());
+        }
+        let why = error.to_string();
+        let mut op = group.engine.op().name("failed step");
+        for g in grads {
+            op = op.mutates(&[g]);
+        }
+        op.run(move |_| Err::<(), _>(why.into()))?;
+        self.finish(group)
+    }
+
     /// Clears the poison of the variables the buckets keep for themselves.
     pub(super) fn clear_poison(&self, engine: &Engine) -> Result<(), Error> {
         for bucket in &self.list {
@@ -199,7 +227,7 @@ impl Buckets {
         let opt = group.optimizer.as_ref();
         match &bucket.reduce {
             Reduce::AllReduce(reduce) => {
-                reduce.push(&group.engine, priority)?;
+                reduce.push_tagged(&group.engine, priority, self.tag)?;
                 if let Some(opt) = opt {
                     for &p in &bucket.params {
                         every_replica(
@@ -214,7 +242,8 @@ impl Buckets {
             }
             Reduce::Host(sum) => {
                 let params = bucket.params.iter().map(|&p| &group.params[p]);
-                sum.push(&group.engine, &group.members, params, opt, priority)?;
+                let at = (priority, self.tag);
+                sum.push(&group.engine, &group.members, params, opt, at)?;
             }
         }
         Ok(())

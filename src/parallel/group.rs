@@ -72,6 +72,9 @@ pub struct Group {
     pub(super) buckets: Option<Buckets>,
     /// How many ranks the group spans (1: this process only).
     pub(super) rank_count: usize,
+    /// Steps begun so far (each [`step`](Group::step) call, whatever its
+    /// outcome): step `k` tags its collectives across ranks `k + 1`.
+    pub(super) steps: u64,
     /// The ranks the group spans ([`GroupBuilder::across_ranks`]).
     #[cfg(feature = "mpi")]
     pub(super) ranks: Option<Communicator>,
@@ -213,7 +216,10 @@ impl Group {
     /// [`Error::Parallel`] for an empty batch, one that does not split
     /// evenly over the devices, a buffer count other than the inputs', a
     /// buffer of partial rows or of another row count, or when two batches
-    /// are already loaded ahead.
+    /// are already loaded ahead. Across ranks, a batch refused for its
+    /// content still takes its place: the step that would have stepped on
+    /// it fails with this error (on every rank: see
+    /// [`step`](Self::step)), so the ranks stay in step.
     pub fn load(&mut self, batch: Vec<Vec<f32>>) -> Result<(), Error> {
         self.inputs.load(&self.engine, &self.members, batch)
     }
@@ -222,9 +228,36 @@ impl Group {
     ///
     /// # Errors
     ///
-    /// The poison of a failed op that wrote it, or the engine's errors.
+    /// [`Error::Parallel`] if `p` is not this group's or `d` is not one of
+    /// its devices; the poison of a failed op that wrote it, or the
+    /// engine's errors.
+    ///
+    /// ```
+    /// use depflow::parallel::Group;
+    /// use depflow::{Engine, Error};
+    ///
+    /// let engine = Engine::new();
+    /// let mut group = Group::builder(&engine).device(engine.default_device()).build()?;
+    /// let w = group.param(&[1.0, 2.0])?;
+    /// assert_eq!(group.weights(w, 0)?, [1.0, 2.0]);
+    /// assert!(matches!(group.weights(w, 1), Err(Error::Parallel(_))));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn weights(&self, p: Param, d: usize) -> Result<Vec<f32>, Error> {
-        self.engine.get(self.replica(p, d)).wait()
+        let Some(param) = self.params.get(p.0) else {
+            return Err(Error::Parallel(format!(
+                "no parameter {} in this group (it has {})",
+                p.0,
+                self.params.len()
+            )));
+        };
+        let Some(replica) = param.replicas.get(d) else {
+            return Err(Error::Parallel(format!(
+                "no device {d} in this group (it has {})",
+                self.members.len()
+            )));
+        };
+        self.engine.get(replica).wait()
     }
 }
 
@@ -403,8 +436,13 @@ impl GroupBuilder {
                 stream: is_stream(&self.engine, device)?,
             });
         }
+        #[cfg(feature = "mpi")]
+        let across = self.ranks.is_some();
+        #[cfg(not(feature = "mpi"))]
+        let across = false;
         Ok(Group {
-            inputs: Inputs::new(&self.engine, self.widths, members.len()),
+            inputs: Inputs::new(&self.engine, self.widths, members.len(), across),
+            steps: 0,
             engine: self.engine,
             members,
             backend: self.backend,

@@ -29,8 +29,8 @@ fn layout(devices: usize, buckets: &[usize]) -> [u64; 3] {
 }
 
 /// Checks that every rank of `ranks` has `group`'s device count and
-/// buckets of the lengths `buckets` (floats per bucket): one all-gather,
-/// waited for.
+/// buckets of the lengths `buckets` (floats per bucket): one all-gather
+/// (tagged `tag`, the first step's), waited for.
 ///
 /// # Errors
 ///
@@ -40,6 +40,7 @@ pub(super) fn check_layout(
     group: &Group,
     ranks: &Communicator,
     buckets: &[usize],
+    tag: u64,
 ) -> Result<(), Error> {
     let engine = &group.engine;
     let mine = engine.var(layout(group.members.len(), buckets).to_vec());
@@ -47,6 +48,7 @@ pub(super) fn check_layout(
     ranks
         .all_gather(&mine, &all)
         .name("parallel layout")
+        .tag(tag)
         .push()?
         .wait()?;
     let all = engine.get(&all).wait()?;
@@ -75,16 +77,18 @@ pub(super) fn check_layout(
 /// (the same on every rank), before the host's update reads them. The sum
 /// is the on-device update's: each rank's local sum in
 /// [`serial_sum`](super::serial_sum)'s order, then `MPI_SUM` across ranks.
+/// Each collective is tagged `tag` (the step's).
 pub(super) fn sum_host<'p>(
     ranks: &Communicator,
     sums: impl Iterator<Item = &'p Var<Vec<f32>>>,
-    priority: i32,
+    (priority, tag): (i32, u64),
 ) -> Result<(), Error> {
     for g in sums {
         ranks
             .all_reduce(g)
             .name("allreduce ranks (host)")
             .priority(priority)
+            .tag(tag)
             .push()?;
     }
     Ok(())

@@ -35,15 +35,35 @@ use crate::error::Error;
 /// chunks: `c * len / n .. (c + 1) * len / n` (chunks differ in length by
 /// one at most; with `len < n` some are empty).
 ///
+/// # Errors
+///
+/// [`Error::Parallel`] for no chunks (`n == 0`) or a chunk `c` that is not
+/// one of them (`c >= n`).
+///
 /// ```
 /// use depflow::parallel::chunk_range;
 ///
-/// assert_eq!(chunk_range(10, 3, 0), 0..3);
-/// assert_eq!(chunk_range(10, 3, 2), 6..10);
-/// assert_eq!(chunk_range(2, 4, 1), 0..1); // some chunks are empty
+/// assert_eq!(chunk_range(10, 3, 0)?, 0..3);
+/// assert_eq!(chunk_range(10, 3, 2)?, 6..10);
+/// assert_eq!(chunk_range(2, 4, 1)?, 0..1); // some chunks are empty
+/// assert!(chunk_range(10, 0, 0).is_err()); // no chunks
+/// assert!(chunk_range(10, 3, 3).is_err()); // chunks 0, 1 and 2 only
+/// # Ok::<(), depflow::Error>(())
 /// ```
-pub fn chunk_range(len: usize, n: usize, c: usize) -> std::ops::Range<usize> {
-    c * len / n..(c + 1) * len / n
+pub fn chunk_range(len: usize, n: usize, c: usize) -> Result<std::ops::Range<usize>, Error> {
+    if c >= n {
+        return Err(Error::Parallel(format!(
+            "chunk {c} of a buffer cut into {n} chunk(s): chunks are 0..{n}"
+        )));
+    }
+    Ok(chunk(len, n, c))
+}
+
+/// [`chunk_range`] for `c < n` (the ring's own, checked by construction).
+/// In `u128`: `(c + 1) * len` may pass `usize::MAX`.
+pub(super) fn chunk(len: usize, n: usize, c: usize) -> std::ops::Range<usize> {
+    let at = |c: usize| (c as u128 * len as u128 / n as u128) as usize;
+    at(c)..at(c + 1)
 }
 
 /// The element-wise sum of `buffers` (one per device, in device order, of
@@ -83,7 +103,7 @@ pub(super) fn serial_sum_into<B: AsRef<[f32]>>(buffers: &[B], out: &mut [f32]) {
         assert_eq!(b.as_ref().len(), out.len(), "buffers of different lengths");
     }
     for c in 0..n {
-        let range = chunk_range(out.len(), n, c);
+        let range = chunk(out.len(), n, c);
         let out = &mut out[range.clone()];
         out.copy_from_slice(&buffers[c].as_ref()[range.clone()]);
         for k in 1..n {
@@ -116,7 +136,7 @@ impl Ring {
         let chunks: Vec<Vec<Var<Vec<f32>>>> = (0..n)
             .map(|_| {
                 (0..n)
-                    .map(|c| engine.var(vec![0.0; chunk_range(len, n, c).len()]))
+                    .map(|c| engine.var(vec![0.0; chunk(len, n, c).len()]))
                     .collect()
             })
             .collect();

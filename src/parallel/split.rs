@@ -8,6 +8,13 @@
 //! reads the oldest loaded slot. Two slots let the next batch's copies run
 //! while the current step computes (seed 001's prefetch): the engine orders
 //! a copy into a slot after the reads of the step two batches back.
+//!
+//! Across ranks (`record_failures`), a batch refused on this rank (partial
+//! rows, say: the ranks' shares are their own) still takes its place in
+//! the line, as a failure: the step that would have stepped on it fails
+//! with its error, and so pushes that step's collectives (failed) as the
+//! other ranks do, rather than stepping on the next batch or on none
+//! (which would pair this rank's collectives with another step's).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,18 +37,36 @@ pub(super) struct Slot {
     pub(super) rows: usize,
 }
 
+/// A batch in line for a step.
+#[derive(Debug)]
+enum Loaded {
+    /// Its shards are in this slot.
+    Slot(usize),
+    /// It was refused, for this reason (across ranks only).
+    Refused(String),
+}
+
 /// The group's inputs and the batches loaded ahead.
 #[derive(Debug)]
 pub(super) struct Inputs {
     widths: Arc<[usize]>,
     slots: Vec<Slot>,
-    /// Slots loaded and not yet stepped on, oldest first.
-    loaded: VecDeque<usize>,
+    /// Batches loaded and not yet stepped on, oldest first (at most
+    /// [`SLOTS`], refused ones included).
+    loaded: VecDeque<Loaded>,
     next: usize,
+    /// Whether a refused batch takes its place in line (a group across
+    /// ranks: see the module docs).
+    record_failures: bool,
 }
 
 impl Inputs {
-    pub(super) fn new(engine: &Engine, widths: Vec<usize>, devices: usize) -> Self {
+    pub(super) fn new(
+        engine: &Engine,
+        widths: Vec<usize>,
+        devices: usize,
+        record_failures: bool,
+    ) -> Self {
         let slots = (0..SLOTS)
             .map(|_| {
                 let shards: Vec<Vec<Var<Vec<f32>>>> = (0..devices)
@@ -63,6 +88,7 @@ impl Inputs {
             slots,
             loaded: VecDeque::with_capacity(SLOTS),
             next: 0,
+            record_failures,
         }
     }
 
@@ -74,12 +100,20 @@ impl Inputs {
         members: &[Member],
         batch: Vec<Vec<f32>>,
     ) -> Result<(), Error> {
-        let rows = self.rows(&batch, members.len())?;
         if self.loaded.len() == SLOTS {
             return Err(Error::Parallel(format!(
                 "{SLOTS} batches already loaded ahead: step before loading another"
             )));
         }
+        let rows = match self.rows(&batch, members.len()) {
+            Ok(rows) => rows,
+            Err(e) => {
+                if self.record_failures {
+                    self.loaded.push_back(Loaded::Refused(e.to_string()));
+                }
+                return Err(e);
+            }
+        };
         let (s, n) = (self.next, members.len());
         let slot = &mut self.slots[s];
         slot.rows = rows / n;
@@ -107,7 +141,7 @@ impl Inputs {
                 Ok(())
             })?;
         }
-        self.loaded.push_back(s);
+        self.loaded.push_back(Loaded::Slot(s));
         self.next = (s + 1) % SLOTS;
         Ok(())
     }
@@ -156,12 +190,20 @@ impl Inputs {
     }
 
     /// Takes the oldest loaded slot, for a step.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Parallel`] if no batch is loaded, or the oldest was refused
+    /// (saying why).
     pub(super) fn take(&mut self) -> Result<usize, Error> {
         if self.widths.is_empty() {
             return Ok(0); // a group without inputs loads nothing
         }
         match self.loaded.pop_front() {
-            Some(s) => Ok(s),
+            Some(Loaded::Slot(s)) => Ok(s),
+            Some(Loaded::Refused(why)) => Err(Error::Parallel(format!(
+                "this step's batch was refused by `load` on this rank ({why})"
+            ))),
             None => Err(Error::Parallel(
                 "no batch loaded: `load` one before each step".into(),
             )),

@@ -3,6 +3,18 @@
 //! gradients), and pushes each bucket's reduction and update as soon as
 //! every device has pushed the ops writing its gradients
 //! ([`DeviceStep::grad_ready`]), else at the end of the step.
+//!
+//! **Across ranks, every step pushes all its collectives.** A step that
+//! fails on one rank (the closure's error, a batch refused or missing)
+//! would otherwise leave that rank's collectives of the step unpushed, and
+//! the other ranks' would pair with its *next* step's: the same wrong
+//! weights on every rank, no error, then a wait forever. So there a failed
+//! step poisons the gradients of the buckets it has not reduced yet, with
+//! its error (one op), and pushes their reductions anyway: they skip on
+//! the poison, their collectives stand in, failed, and every rank's sums
+//! of the step fail naming this rank and its error. Every collective of
+//! step `k` is tagged `k + 1` (see `CollectiveOp::tag`): a mismatch left
+//! anyway fails on every rank rather than being computed with.
 
 use super::bucket::Buckets;
 use super::group::{Group, Param};
@@ -123,21 +135,73 @@ impl Group {
     ///
     /// # Errors
     ///
-    /// [`Error::Parallel`] if no batch is loaded (for a group with inputs),
-    /// or, at the first step of a group across ranks, if the ranks' device
+    /// [`Error::Parallel`] if no batch is loaded (for a group with inputs)
+    /// or its batch was refused by [`load`](Self::load) (across ranks), or,
+    /// at the first step of a group across ranks, if the ranks' device
     /// counts or buckets differ (on every rank alike);
     /// the first error `f` returns (the step stops there: what was pushed
-    /// runs, the reductions of that step are not pushed); errors pushing ops.
+    /// runs); errors pushing ops.
+    ///
+    /// Within one process, a failed step pushes no more of its reductions.
+    /// Across ranks it pushes all of them, failed: the gradients of the
+    /// buckets not reduced yet are poisoned with its error and their sums
+    /// fail on *every* rank, whose replicas are then poisoned with an
+    /// [`Error::Collective`] naming this rank and its error (here: the
+    /// error itself). The ranks stay in step: after
+    /// [`clear_poison`](Self::clear_poison) on every rank, they train on.
     pub fn step<F>(&mut self, mut f: F) -> Result<(), Error>
     where
         F: FnMut(&mut DeviceStep<'_>) -> Result<(), Error>,
     {
+        let tag = self.steps + 1;
+        self.steps += 1;
+        if self.spans_ranks() {
+            return self.step_across_ranks(&mut f, tag);
+        }
         let s = self.inputs.take()?;
         let mut buckets = match self.buckets.take() {
             Some(b) => b,
-            None => Buckets::new(self)?,
+            None => Buckets::new(self, tag)?,
         };
+        buckets.start(self.members.len(), tag);
         let result = self.step_with(s, &mut buckets, &mut f);
+        self.buckets = Some(buckets);
+        result
+    }
+
+    /// Whether the group spans ranks (even a communicator of one).
+    #[cfg(feature = "mpi")]
+    fn spans_ranks(&self) -> bool {
+        self.ranks.is_some()
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn spans_ranks(&self) -> bool {
+        false
+    }
+
+    /// A step of a group across ranks: whatever fails on this rank, every
+    /// collective of the step is pushed (see the module docs).
+    fn step_across_ranks<F>(&mut self, f: &mut F, tag: u64) -> Result<(), Error>
+    where
+        F: FnMut(&mut DeviceStep<'_>) -> Result<(), Error>,
+    {
+        // The layout check (the first step's collective) comes first: it
+        // is pushed on every rank, whatever this one's batch.
+        let mut buckets = match self.buckets.take() {
+            Some(b) => b,
+            None => Buckets::new(self, tag)?,
+        };
+        buckets.start(self.members.len(), tag);
+        let result = self
+            .inputs
+            .take()
+            .and_then(|s| self.step_with(s, &mut buckets, f));
+        if let Err(e) = &result {
+            // Only a push refused by the engine (shut down) fails this;
+            // the step's own error is the one to report.
+            let _ = buckets.fail_rest(self, e);
+        }
         self.buckets = Some(buckets);
         result
     }
@@ -147,7 +211,6 @@ impl Group {
         F: FnMut(&mut DeviceStep<'_>) -> Result<(), Error>,
     {
         let n = self.members.len();
-        buckets.start(n);
         let group = self;
         let slot = group.inputs.slot(s);
         for d in 0..n {

@@ -108,15 +108,18 @@ impl HostSum {
     }
 
     /// Pushes the sum of the bucket's gradients into the host's, then per
-    /// parameter the update and the copies back.
+    /// parameter the update and the copies back, at `priority` (across
+    /// ranks, the collectives tagged `tag`).
     pub(super) fn push<'p>(
         &self,
         engine: &Engine,
         members: &[Member],
         params: impl Iterator<Item = &'p ParamVars> + Clone,
         opt: Option<&Optimizer>,
-        priority: i32,
+        (priority, tag): (i32, u64),
     ) -> Result<(), Error> {
+        #[cfg(not(feature = "mpi"))]
+        let _ = tag;
         let mut op = engine
             .op()
             .name("host sum")
@@ -153,7 +156,8 @@ impl HostSum {
         })?;
         #[cfg(feature = "mpi")]
         if let Some(ranks) = &self.ranks {
-            super::ranks::sum_host(ranks, params.clone().map(|p| &host(p).1), priority)?;
+            let sums = params.clone().map(|p| &host(p).1);
+            super::ranks::sum_host(ranks, sums, (priority, tag))?;
         }
         let Some(opt) = opt else { return Ok(()) };
         for p in params {

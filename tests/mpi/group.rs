@@ -27,7 +27,9 @@ use depflow::parallel::{Group, Update, serial_sum};
 use depflow::{Communicator, Engine, Error, Executor};
 
 use super::common::parallel::backward;
-use super::{digest32, gathered};
+use std::time::Duration;
+
+use super::{chain, digest32, gathered};
 
 const WIDTH: usize = 12;
 /// Divisible by 2 devices x 1, 2, 3 or 4 ranks.
@@ -240,6 +242,8 @@ pub fn checks(world: &mpi::topology::SimpleCommunicator) {
     }
     if size >= 2 {
         one_rank_fails(&engine, &comm);
+        a_step_fails_on_one_rank(&engine, &comm);
+        a_load_fails_on_one_rank(&engine, &comm);
     }
 
     // Update::Host across ranks: each rank's host sums its devices, the
@@ -342,6 +346,136 @@ fn one_rank_fails(engine: &Engine, comm: &Communicator) {
         gathered(engine, comm, d).iter().all(|&x| x == d),
         "ranks' weights differ after a failed step"
     );
+}
+
+/// The last rank's step closure returns an error at step 1 (after device
+/// 0 pushed its backward, before device 1's): that rank pushed only part
+/// of the step, yet the step's cross-rank sums fail on every rank (the
+/// failing rank's collectives stand in, failed), naming that rank and its
+/// words; no rank pairs step 1's collectives with step 2's (which gave
+/// every rank the same wrong weights, silently, then a hang); after
+/// `clear_poison` the ranks train on in step, every replica of every rank
+/// alike, to the weights of training on batches 0 and 2 only.
+fn a_step_fails_on_one_rank(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let last = size - 1;
+    let limit = Duration::from_secs(60);
+    let mut group = group_across(engine, comm);
+    let w = group.param(&init()).unwrap();
+    let share = ROWS / size;
+    for b in 0..3 {
+        let (x, y) = batch(b, false);
+        let (xs, ys) = rows(&x, &y, rank * share, (rank + 1) * share);
+        group.load(vec![xs, ys]).unwrap();
+        let fail = b == 1 && rank == last;
+        let r = group.step(|s| {
+            if fail && s.index() == 1 {
+                return Err(Error::Parallel("out of memory on this rank".into()));
+            }
+            backward(s, w, move |x, y, w, g| {
+                gradient(x, y, w, g);
+                Ok(())
+            })
+        });
+        if fail {
+            let e = r.expect_err("the closure's error");
+            assert!(e.to_string().contains("out of memory on this rank"), "{e}");
+        } else {
+            r.unwrap();
+        }
+        if b == 1 {
+            for d in 0..2 {
+                let e = engine
+                    .get(group.replica(w, d))
+                    .wait_timeout(limit)
+                    .expect_err("a failed step's weights are poisoned");
+                let m = chain(&e);
+                assert!(
+                    m.contains("out of memory on this rank"),
+                    "rank {rank}, device {d}: {m}"
+                );
+                if rank != last {
+                    assert!(m.contains(&format!("rank {last} failed its part")), "{m}");
+                }
+            }
+            engine.wait_all().wait().ok();
+            group.clear_poison().unwrap();
+        }
+    }
+    let weights: Vec<_> = (0..2)
+        .map(|d| engine.get(group.replica(w, d)).wait_timeout(limit).unwrap())
+        .collect();
+    assert_eq!(weights[0], weights[1], "replicas differ");
+    let d = digest32(&weights[0]);
+    assert!(
+        gathered(engine, comm, d).iter().all(|&x| x == d),
+        "rank {rank}: ranks' weights differ after a failed step"
+    );
+    assert_ne!(weights[0], init(), "nothing trained");
+}
+
+/// The last rank's load of batch 1 fails (a batch of partial rows there
+/// only): its next step fails with the load's error, and so does that
+/// step's sum on every rank (the failing rank's collectives stand in), so
+/// the ranks stay in step and train on after `clear_poison`.
+fn a_load_fails_on_one_rank(engine: &Engine, comm: &Communicator) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let last = size - 1;
+    let limit = Duration::from_secs(60);
+    let mut group = group_across(engine, comm);
+    let w = group.param(&init()).unwrap();
+    let share = ROWS / size;
+    for b in 0..3 {
+        let (x, y) = batch(b, false);
+        let (mut xs, ys) = rows(&x, &y, rank * share, (rank + 1) * share);
+        let fail = b == 1 && rank == last;
+        if fail {
+            xs.pop(); // partial rows
+        }
+        let loaded = group.load(vec![xs, ys]);
+        assert_eq!(loaded.is_err(), fail, "rank {rank}: {loaded:?}");
+        let r = group.step(|s| {
+            backward(s, w, move |x, y, w, g| {
+                gradient(x, y, w, g);
+                Ok(())
+            })
+        });
+        if fail {
+            let e = r.expect_err("the load's error");
+            assert!(e.to_string().contains("not whole rows"), "{e}");
+        } else {
+            r.unwrap();
+        }
+        if b == 1 {
+            let e = engine
+                .get(group.replica(w, 0))
+                .wait_timeout(limit)
+                .expect_err("a failed step's weights are poisoned");
+            assert!(chain(&e).contains("not whole rows"), "rank {rank}: {e:?}");
+            engine.wait_all().wait().ok();
+            group.clear_poison().unwrap();
+        }
+    }
+    let weights = engine.get(group.replica(w, 0)).wait_timeout(limit).unwrap();
+    let d = digest32(&weights);
+    assert!(
+        gathered(engine, comm, d).iter().all(|&x| x == d),
+        "rank {rank}: ranks' weights differ after a failed load"
+    );
+}
+
+/// A group of 2 local devices across `comm`'s ranks, inputs `WIDTH` and 1,
+/// SGD.
+fn group_across(engine: &Engine, comm: &Communicator) -> Group {
+    let devs = (0..2).map(|d| engine.device(&format!("d{d}")).unwrap());
+    Group::builder(engine)
+        .devices(devs)
+        .input(WIDTH)
+        .input(1)
+        .optimizer(sgd)
+        .across_ranks(comm)
+        .build()
+        .unwrap()
 }
 
 /// On 1 or 2 ranks, where MPI's order of summation cannot show (one

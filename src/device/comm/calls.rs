@@ -4,11 +4,12 @@
 //! completes them.
 //!
 //! **The status word.** Every collective is two MPI calls on every rank:
-//! first an `MPI_Iallreduce` (`MPI_MAX`) of two `i64`s, `[failure, len]`,
-//! then the data call (`MPI_Iallreduce`, `MPI_Ibcast`, `MPI_Iallgather`).
-//! A rank whose op runs ([`Pending`]) sends `[0, its length]` and issues its
-//! buffer at once. A rank whose op did not run, or refused the collective
-//! before issuing it ([`StandIn`]), sends `[failure, 0]`, where `failure`
+//! first an `MPI_Iallreduce` (`MPI_MAX`) of four `i64`s, `[failure, len,
+//! tag, !tag]`, then the data call (`MPI_Iallreduce`, `MPI_Ibcast`,
+//! `MPI_Iallgather`). A rank whose op runs ([`Pending`]) sends `[0, its
+//! length, tag, !tag]` and issues its buffer at once. A rank whose op did
+//! not run, or refused the collective before issuing it ([`StandIn`]),
+//! sends `[failure, 0, tag, !tag]`, where `failure`
 //! encodes its rank and why; it issues its data call only when the status
 //! word has come back, with a zeroed buffer of the length the others sent
 //! (the maximum), and nothing else is issued on that rank meanwhile (the
@@ -16,6 +17,16 @@
 //! the same order, whatever failed where, and every rank learns from the
 //! status word that some rank failed: the collective fails on every rank,
 //! naming the lowest failing rank and why.
+//!
+//! **The tag.** The collective's tag (its op's, the same on every rank
+//! for the same collective: a group's step number, say) comes back as its
+//! maximum and, through `!tag` (`!` reverses the order of `i64`s), its
+//! minimum: if they differ, the ranks paired collectives of different
+//! tags (some rank skipped or added one before), and the collective fails
+//! on every rank with that said, its result unused, rather than computing
+//! with another collective's data. (The data call was issued meanwhile:
+//! collectives of the same shape pair harmlessly; MPI may refuse, or wait
+//! in, calls of different shapes.)
 //!
 //! **The failed rank's message.** Once its status word is back saying that
 //! rank `r` failed (the lowest failing rank), every rank issues one more
@@ -45,6 +56,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -124,8 +136,9 @@ impl Reason {
     }
 }
 
-/// `[failure, len]` for rank `rank` of `size` failing for `reason`: the
-/// lowest failing rank has the largest word, so `MPI_MAX` keeps it.
+/// The status word's `failure` for rank `rank` of `size` failing for
+/// `reason`: the lowest failing rank has the largest, so `MPI_MAX` keeps
+/// it.
 fn failure_word(rank: usize, size: usize, reason: Reason) -> i64 {
     ((size - rank) as i64) << 8 | reason as i64
 }
@@ -135,6 +148,27 @@ fn failure_word(rank: usize, size: usize, reason: Reason) -> i64 {
 fn failed_root(word: i64, size: usize) -> Option<usize> {
     let rank = size as i64 - (word >> 8);
     (word > 0 && (0..size as i64).contains(&rank)).then_some(rank as usize)
+}
+
+/// The message for a status word whose tags differ across ranks (their
+/// maximum `word[2]` and, as `!tag`, their minimum `word[3]`), or `None`.
+fn mismatched(word: &[i64; 4]) -> Option<String> {
+    let (hi, lo) = (word[2], !word[3]);
+    (hi != lo).then(|| {
+        let (a, b) = ((lo as u64).min(hi as u64), (lo as u64).max(hi as u64));
+        format!(
+            "the ranks are out of step: they paired collectives of different tags ({a} and {b} at \
+             least): some rank skipped or added a collective before this one; the result is not used"
+        )
+    })
+}
+
+/// The status word a rank sends: `failure` (0: none), its length, and its
+/// tag and `!tag` (so that `MPI_MAX` gives both the largest and the
+/// smallest tag).
+fn status_word(failure: i64, len: usize, tag: u64) -> [i64; 4] {
+    let tag = tag as i64;
+    [failure, len as i64, tag, !tag]
 }
 
 /// The message for a status word that says some rank failed, with that
@@ -230,16 +264,16 @@ pub(super) trait InFlight: Send + Sync {
 ///
 /// `word` must stay valid and untouched by anyone else until the request
 /// completes; called under the state lock.
-unsafe fn issue_status(shared: &Shared, word: *mut i64) -> Result<Requests, c_int> {
+unsafe fn issue_status(shared: &Shared, word: *mut [i64; 4]) -> Result<Requests, c_int> {
     start(|request| {
-        // SAFETY: `word` points to two i64s (the caller's promise),
+        // SAFETY: `word` points to four i64s (the caller's promise),
         // MPI_INT64_T and MPI_MAX are predefined, `raw` is live and called
         // under the lock.
         unsafe {
             ffi::MPI_Iallreduce(
                 std::ptr::without_provenance(shared.in_place),
                 word.cast::<c_void>(),
-                2,
+                4,
                 ffi::RSMPI_INT64_T,
                 ffi::RSMPI_MAX,
                 shared.raw,
@@ -315,6 +349,11 @@ unsafe fn issue_data(
     } = buf;
     let size = shared.size;
     let count = c_int::try_from(len).map_err(|_| MPI_ERR_COUNT)?;
+    // An empty `Vec`'s pointer is dangling at its alignment: 1 for bytes,
+    // which is Open MPI's `MPI_IN_PLACE`, refused as a receive buffer
+    // (MPI_ERR_BUFFER, through a handler that aborts the job). MPI reads
+    // and writes nothing of a count of 0: any other address does.
+    let ptr = if len == 0 { empty_buffer() } else { ptr };
     if let Collective::AllReduce(op) = what
         && size > 1
         && len * elem >= RING_FROM
@@ -368,6 +407,14 @@ unsafe fn issue_data(
     })
 }
 
+/// The address an empty data call hands MPI: a real one, never
+/// `MPI_IN_PLACE` (which an empty `Vec<u8>`'s dangling pointer equals
+/// under Open MPI). MPI touches no byte of it (the count is 0).
+fn empty_buffer() -> *mut c_void {
+    static EMPTY: AtomicU64 = AtomicU64::new(0);
+    EMPTY.as_ptr().cast::<c_void>()
+}
+
 /// `MPI_ERR_COUNT`, for a buffer longer than MPI's `int` counts.
 const MPI_ERR_COUNT: c_int = ffi::MPI_ERR_COUNT as c_int;
 
@@ -379,10 +426,12 @@ pub(crate) struct Pending<T> {
     n: u64,
     /// The communicator's size (an all-gather's blocks, the status word).
     size: usize,
-    /// `[0, len]` when issued; the maximum over the ranks once the status
-    /// call completes. Written by MPI between the status call's issue and
+    /// Its tag (the status word's: see the module docs).
+    tag: u64,
+    /// `[0, len, tag, !tag]` when issued; the maximum over the ranks once
+    /// the status call completes. Written by MPI between the status call's issue and
     /// its completion, read only after (in `done`, on the progress thread).
-    word: UnsafeCell<[i64; 2]>,
+    word: UnsafeCell<[i64; 4]>,
     /// The buffer's size in bytes, for the limit on data in flight: taken
     /// when made (the buffer keeps its length until the data call is done),
     /// so that the issue order reads it without the lock.
@@ -412,12 +461,13 @@ struct Outcome<T> {
 }
 
 impl<T> Pending<T> {
-    pub(super) fn new(what: Collective, n: u64, size: usize, buf: Vec<T>) -> Self {
+    pub(super) fn new(what: Collective, (n, tag): (u64, u64), size: usize, buf: Vec<T>) -> Self {
         Self {
             what,
             n,
             size,
-            word: UnsafeCell::new([0, 0]),
+            tag,
+            word: UnsafeCell::new([0; 4]),
             bytes: std::mem::size_of_val(buf.as_slice()),
             slot: Mutex::new(Outcome {
                 buf,
@@ -462,7 +512,7 @@ fn leak_ring(ring: &Mutex<Option<Ring>>) {
 /// under the state lock.
 unsafe fn issue_message_into(
     shared: &Shared,
-    word: *const [i64; 2],
+    word: *const [i64; 4],
     message: &Mutex<Vec<u8>>,
     fill: impl FnOnce(usize) -> Vec<u8>,
 ) -> Result<Requests, c_int> {
@@ -495,8 +545,8 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
                 // issued first, once); then it is MPI's until the request
                 // completes (see the field).
                 unsafe {
-                    *word = [0, len as i64];
-                    issue_status(shared, word.cast())
+                    *word = status_word(0, len, self.tag);
+                    issue_status(shared, word)
                 }
             }
             // SAFETY: `ptr` is the heap block of `buf`, `len` elements of
@@ -559,7 +609,8 @@ impl<T: Equivalence + Send + 'static> InFlight for Pending<T> {
             None => {
                 let why = decode_message(&self.message.lock().unwrap_or_else(|p| p.into_inner()));
                 // SAFETY: every part is done: MPI no longer writes `word`.
-                match failed_rank(unsafe { (*self.word.get())[0] }, self.size, &why) {
+                let word = unsafe { &*self.word.get() };
+                match mismatched(word).or_else(|| failed_rank(word[0], self.size, &why)) {
                     Some(e) => Err(e),
                     None => Ok(()),
                 }
@@ -604,9 +655,9 @@ pub(super) struct StandIn {
     datatype: fn() -> ffi::MPI_Datatype,
     /// `size_of` the element type.
     elem: usize,
-    /// `[failure, 0]` when issued; the maximum over the ranks once the
-    /// status call completes (as [`Pending`]'s).
-    word: UnsafeCell<[i64; 2]>,
+    /// `[failure, 0, tag, !tag]` when issued; the maximum over the ranks
+    /// once the status call completes (as [`Pending`]'s).
+    word: UnsafeCell<[i64; 4]>,
     /// The zeroed buffer of the data call (in `u64`s: aligned for every
     /// basic type), allocated when it is issued.
     buf: Mutex<Vec<u64>>,
@@ -647,11 +698,11 @@ impl Spec {
         }
     }
 
-    /// The stand-in for ticket `n` of rank `rank` of `size`, failing for
-    /// `reason`, `why` in words.
+    /// The stand-in for ticket `n` (tagged `tag`) of rank `rank` of
+    /// `size`, failing for `reason`, `why` in words.
     pub(super) fn stand_in(
         &self,
-        n: u64,
+        (n, tag): (u64, u64),
         (rank, size): (usize, usize),
         reason: Reason,
         why: String,
@@ -664,7 +715,7 @@ impl Spec {
             why,
             datatype: self.datatype,
             elem: self.elem,
-            word: UnsafeCell::new([failure_word(rank, size, reason), 0]),
+            word: UnsafeCell::new(status_word(failure_word(rank, size, reason), 0, tag)),
             buf: Mutex::new(Vec::new()),
             ring: Mutex::new(None),
             message: Mutex::new(Vec::new()),
@@ -676,7 +727,7 @@ impl InFlight for StandIn {
     fn issue(&self, shared: &Shared, part: Part, tag: c_int) -> Result<Requests, c_int> {
         match part {
             // SAFETY: issued once; `word` is MPI's until it completes.
-            Part::Status => unsafe { issue_status(shared, self.word.get().cast()) },
+            Part::Status => unsafe { issue_status(shared, self.word.get()) },
             Part::Data => {
                 // SAFETY: the status call completed (the caller issues the
                 // data call only then): MPI no longer writes `word`.
@@ -801,6 +852,40 @@ mod tests {
             m,
             "rank 4 failed its part (its op did not run: NaN on rank 4): the collective's result is not valid"
         );
+    }
+
+    /// The element-wise maximum of the ranks' status words, as `MPI_MAX`.
+    fn max(words: &[[i64; 4]]) -> [i64; 4] {
+        let mut m = [i64::MIN; 4];
+        for w in words {
+            m.iter_mut().zip(w).for_each(|(m, &x)| *m = (*m).max(x));
+        }
+        m
+    }
+
+    #[test]
+    fn tags_that_differ_across_ranks_are_a_mismatch_whatever_the_failures() {
+        let size = 3;
+        let failed = failure_word(1, size, Reason::Skipped);
+        // The same tag everywhere (a stand-in's too): no mismatch.
+        for tag in [0, 7, u64::MAX, 1 << 63] {
+            let words = [status_word(0, 5, tag), status_word(failed, 0, tag)];
+            let word = max(&words);
+            assert_eq!(mismatched(&word), None, "{tag}");
+            assert_eq!((word[1], failed_root(word[0], size)), (5, Some(1)));
+        }
+        // Any tag that differs, above or below, large or small.
+        for (a, b) in [(1, 2), (3, 2), (0, u64::MAX), (1 << 63, 5)] {
+            let word = max(&[
+                status_word(0, 5, 9),
+                status_word(0, 5, a),
+                status_word(0, 5, b),
+            ]);
+            let m = mismatched(&word).unwrap_or_else(|| panic!("{a}, {b}"));
+            assert!(m.starts_with("the ranks are out of step"), "{m}");
+        }
+        let m = mismatched(&max(&[status_word(0, 1, 2), status_word(failed, 0, 3)])).unwrap();
+        assert!(m.contains("(2 and 3 at least)"), "{m}");
     }
 
     #[test]

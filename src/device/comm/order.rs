@@ -148,6 +148,9 @@ pub(super) type Failed = Vec<(Arc<dyn InFlight>, Part, String)>;
 pub(crate) struct Ticket {
     pub(super) shared: Arc<Shared>,
     pub(super) n: u64,
+    /// The collective's tag, the same on every rank for the same
+    /// collective (the status word compares them: `calls.rs`).
+    pub(super) tag: u64,
     pub(super) spec: Spec,
     /// Why the stand-in stands in, if dropped unsubmitted.
     pub(super) reason: Reason,
@@ -181,10 +184,12 @@ impl Drop for Ticket {
                 .why
                 .take()
                 .unwrap_or_else(|| self.reason.detail().to_string());
-            let stand_in = Arc::new(
-                self.spec
-                    .stand_in(self.n, (s.rank, s.size), self.reason, why),
-            );
+            let stand_in = Arc::new(self.spec.stand_in(
+                (self.n, self.tag),
+                (s.rank, s.size),
+                self.reason,
+                why,
+            ));
             let failed = s.fill(self.n, Slot::Submitted(stand_in));
             finish(failed);
         }
@@ -300,7 +305,7 @@ impl Shared {
             match p.issue(self, Part::Status, 0) {
                 Ok(requests) => st.push(requests, p.clone(), Part::Status),
                 Err(rc) => {
-                    // MPI refused a status word of two i64s: refused alike
+                    // MPI refused a status word of four i64s: refused alike
                     // on every rank, so none issues the data call either.
                     let m = error_string(rc);
                     failed.push((p.clone(), Part::Status, m.clone()));
