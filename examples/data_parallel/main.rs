@@ -199,13 +199,8 @@ fn run() -> Result<bool, Error> {
     };
     let counts: Vec<usize> = match args.devices {
         Devices::Cuda => {
-            let gpus = depflow::stream::cuda_device_count();
-            if gpus == 0 {
-                return Err(Error::Config(
-                    "--cuda: no CUDA device (built without the `cuda` feature, no driver or no GPU)"
-                        .into(),
-                ));
-            }
+            let gpus = depflow::stream::cuda_devices()
+                .map_err(|why| Error::Config(format!("--cuda: {why}")))?;
             [1, 2, 4].into_iter().filter(|&n| n <= gpus).collect()
         }
         _ => vec![1, 2, 4],

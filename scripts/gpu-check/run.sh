@@ -93,7 +93,8 @@ not_run() {
 tests_check() {
   local out="$1" rc="$2" summary first
   summary="$(grep -E '^test result:' "$out" | sed 's/; finished in.*//' | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)"
-  first="$(grep -m1 -E "panicked at|DEPFLOW_REQUIRE_GPU=1, but|Error|error" "$out" | cut -c1-200)"
+  first="$( { grep -m1 -E 'DEPFLOW_REQUIRE_GPU=1, but' "$out" ||
+             grep -m1 -A1 -E 'panicked at' "$out" || grep -m1 -iE 'error' "$out"; } | paste -sd ' ' - | cut -c1-240)"
   if [ "$rc" -eq 0 ] && ! grep -q '^SKIPPED' "$out"; then
     printf 'passed\t%s\n' "$summary"
   elif [ "$rc" -eq 0 ]; then
@@ -218,7 +219,11 @@ short() { if [ "$HAVE_GPU" = 1 ]; then echo "$1"; else echo 20; fi; }
 
 # ---- 2. the tests ----
 say "== tests (DEPFLOW_REQUIRE_GPU=1)"
-step "tests/cuda.rs" "$(short 90)" tests_check "$B/test-cuda"
+# Its fake-driver tests build a libcuda.so with cc, which a GPU machine may
+# lack; they check the no-GPU messages, which CI runs.
+step "tests/cuda.rs" "$(short 90)" tests_check "$B/test-cuda" \
+  --skip a_stub_driver_library_is_named_in_the_skip \
+  --skip driver_codes_are_named_by_number_even_where_cudarc_s_enum_lacks_them
 step "tests/nccl.rs" "$(short 60)" tests_check "$B/test-nccl"
 step "tests/differential.rs" "$(short 90)" tests_check "$B/test-differential"
 step "cross-lane test fails without the wait (debug)" "$(short 60)" crosslane_check \

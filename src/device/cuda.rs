@@ -147,10 +147,11 @@ fn set_back(before: Option<sys::CUcontext>) {
 }
 
 impl CudaGpu {
-    /// The device `ordinal`'s primary context and `streams` streams (the
-    /// lanes and the capture stream). The calling thread (the user's)
-    /// keeps its own context.
-    pub(crate) fn new(ordinal: usize, streams: usize) -> Result<Self, String> {
+    /// The device `ordinal`'s primary context, a stream for each of
+    /// `lanes` and one more, the capture stream (index `lanes`: see
+    /// `Backend::capture_stream`), as the simulator has. The calling thread
+    /// (the user's) keeps its own context.
+    pub(crate) fn new(ordinal: usize, lanes: usize) -> Result<Self, String> {
         let count = device_count();
         if ordinal >= count {
             return Err(if count == 0 {
@@ -161,7 +162,7 @@ impl CudaGpu {
         }
         let before = result::ctx::get_current().map_err(message)?;
         // cudarc makes the context current here (and in `new_stream`).
-        let made = Self::make(ordinal, streams);
+        let made = Self::make(ordinal, lanes + 1);
         if result::ctx::get_current().ok() != Some(before) {
             set_back(before);
         }
