@@ -170,7 +170,10 @@ fn a_step_woken_by_two_fences_ends_once_per_replay() {
         assert_eq!(graph.ends.load(AcqRel), 1, "no leftover wake ran the step");
         assert_eq!(graph.host_runs.load(AcqRel), 1);
         assert!(
-            graph.countdowns.poll_done(&mut Context::from_waker(Waker::noop())) == Poll::Pending,
+            graph
+                .countdowns
+                .poll_done(&mut Context::from_waker(Waker::noop()))
+                == Poll::Pending,
             "the next replay is not over"
         );
     });

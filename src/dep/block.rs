@@ -169,9 +169,8 @@ const RETIRED: u8 = 0b1000;
 pub(super) const STARTED: u8 = 0b1_0000;
 /// `OpBlock::status`, of a resident op's block only: `core::due::DUE`,
 /// its run is due in the replay in flight (see `resident`).
-const _DUE_IS_FREE: () = assert!(
-    crate::core::due::DUE & (LEASE_MASK | CANCELLED | RETIRED | STARTED) == 0
-);
+const _DUE_IS_FREE: () =
+    assert!(crate::core::due::DUE & (LEASE_MASK | CANCELLED | RETIRED | STARTED) == 0);
 
 /// `OpBlock::flags`: the op's generation.
 const GENERATION: u8 = 1;

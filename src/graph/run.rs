@@ -219,11 +219,7 @@ impl<H: Host> Runtime<H> {
                 .map(|(i, (spec, body))| {
                     let (kind, slow) = slow::kind_of(&spec, &*host);
                     let gated = slow.is_some();
-                    let inline_on = if gated {
-                        NO_INLINE
-                    } else {
-                        spec.device_index
-                    };
+                    let inline_on = if gated { NO_INLINE } else { spec.device_index };
                     Step {
                         inline_on: AtomicU16::new(inline_on),
                         priority: spec.priority,
@@ -237,9 +233,7 @@ impl<H: Host> Runtime<H> {
                         // built) and with it the host.
                         // A slow step's task is gated: fences wake it too
                         // (see `core::due`).
-                        resident: unsafe {
-                            Resident::spawn(spec, &*host, driver, i as u32, gated)
-                        },
+                        resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32, gated) },
                         body,
                     }
                 })
