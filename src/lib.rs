@@ -264,6 +264,7 @@ pub mod __loom {
     pub use crate::core::arrivals::Arrivals;
     pub use crate::core::chain::{Chain, Edge, Grant, Owner};
     pub use crate::core::countdown::Countdown;
+    pub use crate::core::due::{Wake, end as end_due, make_due, on_wake};
     pub use crate::core::fence::{Fence, VarFences};
     pub use crate::core::generations::{Generations, Signal};
     pub use crate::core::replay::{Countdowns, Left, Satisfied};

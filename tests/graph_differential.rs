@@ -14,12 +14,13 @@
 //! be declared twice), some of which fail (an error before or after
 //! writing, or a panic) on the iterations a hash of (iteration, op) picks.
 //! Ops run on the default device, a second CPU device or a simulated GPU
-//! (on one of two lanes, enqueuing device work after reading, before
+//! (on one of three lanes, enqueuing device work after reading, before
 //! writing; never failing there, see `generate_graph`), and some take 1 or
 //! 2 units of the program's resource of 2 (recorded and pushed alike).
 //! The graphs are recorded once, then the program runs 3 to 6 iterations,
 //! each a replay of one of them or a few pushes on boundary variables (ops,
-//! some failing, `clear_poison`, `wait_for_var`); a graph may be dropped
+//! some failing, some only poisoning a boundary variable, so that the
+//! recorded ops reading it are skipped, `clear_poison`, `wait_for_var`); a graph may be dropped
 //! before its replays end. The reference engine runs the same sequence all
 //! pushed: intermediates are plain variables, cleared of poison right
 //! before each replayed iteration's ops; buffers are `Var<Vec<u64>>`.
@@ -167,6 +168,10 @@ struct Program {
 
 const SHARED: usize = 2;
 
+/// The simulated GPU's compute lanes: a recorded op waits for reads on
+/// the others of what it mutates, and is woken by each of their fences.
+const LANES: usize = 3;
+
 /// Appends `s` unless it is there already, but one time in eight.
 fn add(v: &mut Vec<Slot>, s: Slot, rng: &mut Rng) {
     if !v.contains(&s) || rng.below(8) == 0 {
@@ -258,7 +263,7 @@ fn generate_graph(
             fresh,
             fail: fail(rng, device),
             device,
-            lane: rng.below(2) as u8,
+            lane: rng.below(LANES as u64) as u8,
             units: pick_units(rng),
             priority: if rng.below(5) == 0 {
                 rng.below(5) as i32 - 2
@@ -266,6 +271,41 @@ fn generate_graph(
                 0
             },
         });
+    }
+    // Issue 35's shape, one graph in three: reads of a variable on two
+    // lanes, then a write of it on a third lane that reads a boundary
+    // variable, which a pushed op may have poisoned: skipped, the write
+    // waits for both reads' fences, and each wakes it.
+    if rng.below(3) == 0 {
+        let target = if inters > 0 && rng.below(2) == 0 {
+            Slot::I(rng.below(inters as u64) as usize)
+        } else {
+            Slot::B(rng.below(own as u64) as usize)
+        };
+        let input = Slot::B(rng.below(own as u64) as usize);
+        let lanes = [0u8, 1, 2].map(|l| (l + rng.below(LANES as u64) as u8) % LANES as u8);
+        for (k, lane) in lanes.into_iter().enumerate() {
+            let (reads, mutates) = if k < 2 {
+                (vec![target], Vec::new())
+            } else if input == target {
+                (Vec::new(), vec![target])
+            } else {
+                (vec![input], vec![target])
+            };
+            ops.push(Op {
+                name: format!("t{thread}g{g}m{k}"),
+                id: rng.next(),
+                graph: Some(g),
+                reads,
+                mutates,
+                fresh: Vec::new(),
+                fail: Fail::Never,
+                device: 2,
+                lane,
+                units: 0,
+                priority: 0,
+            });
+        }
     }
     for i in 0..inters {
         ops.push(Op {
@@ -291,12 +331,12 @@ fn generate_graph(
     }
 }
 
-/// An op's device: mostly the default one, else the second CPU device or
-/// the simulated GPU.
+/// An op's device: the default one, the second CPU device or the
+/// simulated GPU, a third each.
 fn pick_device(rng: &mut Rng) -> usize {
     match rng.below(6) {
         0 | 1 => 1,
-        2 => 2,
+        2 | 3 => 2,
         _ => 0,
     }
 }
@@ -350,6 +390,24 @@ fn generate(rng: &mut Rng, thread: usize, order: Order) -> Program {
                 match rng.below(10) {
                     0..=2 => return Step::ClearPoison(v),
                     3 => return Step::Wait(v),
+                    // Poisons a boundary variable: the recorded ops that
+                    // read it are skipped in the next replays (on the GPU,
+                    // perhaps while waiting for other lanes' fences).
+                    4 => {
+                        return Step::Op(Op {
+                            name: format!("t{thread}d{j}_{s}p"),
+                            id: rng.next(),
+                            graph: None,
+                            reads: Vec::new(),
+                            mutates: vec![Slot::B(v)],
+                            fresh: Vec::new(),
+                            fail: Fail::Err(100),
+                            device: 0,
+                            lane: 0,
+                            units: 0,
+                            priority: 0,
+                        });
+                    }
                     _ => {}
                 }
                 let mut mutates = Vec::new();
@@ -381,7 +439,7 @@ fn generate(rng: &mut Rng, thread: usize, order: Order) -> Program {
                         Fail::Never
                     },
                     device,
-                    lane: rng.below(2) as u8,
+                    lane: rng.below(LANES as u64) as u8,
                     units: pick_units(rng),
                     priority: 0,
                 })
@@ -662,8 +720,13 @@ fn body<S: Store>(
         _ => {}
     }
     if op.device == 2 {
-        // Device work (after which the writes below are the body's).
-        ctx.stream()?.enqueue(|| Ok(()))?;
+        // Device work (after which the writes below are the body's), long
+        // enough that the ops after it on other lanes find its fence
+        // pending.
+        ctx.stream()?.enqueue(|| {
+            std::hint::black_box((0..500u64).sum::<u64>());
+            Ok(())
+        })?;
     }
     for (k, &s) in op.mutates.iter().enumerate() {
         match s {
@@ -1015,6 +1078,7 @@ fn failures(engine: &Engine) -> usize {
 /// What the whole test saw, to show it tested something.
 #[derive(Default)]
 struct Coverage {
+    programs: AtomicU64,
     replays_ok: AtomicU64,
     replays_err: AtomicU64,
     shared_plans: AtomicU64,
@@ -1069,7 +1133,7 @@ fn engines() -> Vec<(&'static str, Engine)> {
         Engine::builder()
             .executor(default)
             .device("d1", d1)
-            .device("gpu", Executor::simulated_gpu(2))
+            .device("gpu", Executor::simulated_gpu(LANES))
             .build()
             .unwrap()
     };
@@ -1119,7 +1183,7 @@ fn reference() -> Engine {
     Engine::builder()
         .threads(2)
         .device("d1", Executor::pool(1))
-        .device("gpu", Executor::simulated_gpu(2))
+        .device("gpu", Executor::simulated_gpu(LANES))
         .build()
         .unwrap()
 }
@@ -1181,6 +1245,7 @@ fn check(engine: &Engine, reference: &Engine, seed: u64, order: Order, cov: &Cov
         );
         assert_eq!(got_failures, want_failures, "failures wait_all reports");
         cov.failures.fetch_add(got_failures as u64, SeqCst);
+        cov.programs.fetch_add(programs.len() as u64, SeqCst);
         cov.verified.fetch_add(gc.verified.load(SeqCst), SeqCst);
     }));
     if let Err(e) = result {
@@ -1245,9 +1310,10 @@ fn replays_match_the_same_ops_pushed() {
     }
     let c = |a: &AtomicU64| a.load(SeqCst);
     eprintln!(
-        "{} seeds x {} executors: {} replays ok, {} failed, {} failures, {} shared plans, {} buffer reads checked",
+        "{} seeds x {} executors ({} programs passed): {} replays ok, {} failed, {} failures, {} shared plans, {} buffer reads checked",
         seeds.len(),
         executors,
+        c(&cov.programs),
         c(&cov.replays_ok),
         c(&cov.replays_err),
         c(&cov.failures),

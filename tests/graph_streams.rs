@@ -596,3 +596,85 @@ fn a_recorded_write_after_device_reads_on_another_lane_waits_for_them() {
         assert_eq!(raw.load(SeqCst), 2);
     });
 }
+
+/// Issue 35, item 13: a recorded stream op skipped on a poisoned boundary
+/// variable, while it waits for two other lanes' reads of what it
+/// mutates, is woken by both fences. It must end once per replay: ended
+/// twice, it satisfied its successor and counted itself out twice, so a
+/// replay resolved before its ops had run, the next one armed (clearing
+/// the intermediate's poison) under it, and the host op after it ran on
+/// an intermediate the skip had poisoned.
+///
+/// Seen failing before the fix: the host op ran in most runs (5 to 422
+/// times per 10,000 replays), and some runs hung.
+#[test]
+fn a_skipped_stream_op_woken_by_two_fences_ends_once_per_replay() {
+    const ENGINES: usize = 20;
+    const REPLAYS: usize = 500;
+    within(60, || {
+        let host_runs = Arc::new(AtomicU64::new(0));
+        let bodies = Arc::new(AtomicU64::new(0));
+        for _ in 0..ENGINES {
+            let (engine, gpu) = gpu_engine(2);
+            let (b, v) = (engine.var(0u64), engine.var(0u64));
+            let bk = b.key();
+            let refused = engine.push(&[], &[&b], |_| Err::<(), _>("refused".into()));
+            assert!(refused.unwrap().wait().is_err());
+            let graph = engine
+                .record(|rec| {
+                    let i = rec.var(0u64);
+                    let ik = i.key();
+                    // Two reads of `i` on two lanes: their fences are what
+                    // the write of `i` below waits for.
+                    for lane in [Lane::Compute(0), Lane::Compute(1)] {
+                        rec.op()
+                            .name("read i")
+                            .on(gpu)
+                            .lane(lane)
+                            .reads(&[&i])
+                            .run(move |ctx| {
+                                let _ = *ctx.read(ik)?;
+                                Ok(ctx.stream()?.simulate(|| {
+                                    std::hint::black_box((0..200).sum::<u64>());
+                                    Ok(())
+                                })?)
+                            })?;
+                    }
+                    let seen = bodies.clone();
+                    rec.op()
+                        .name("skipped")
+                        .on(gpu)
+                        .lane(Lane::Compute(0))
+                        .reads(&[&b])
+                        .mutates(&[&i, &v])
+                        .run(move |ctx| {
+                            seen.fetch_add(1, SeqCst);
+                            *ctx.write(ik)? = *ctx.read(bk)?;
+                            Ok(())
+                        })?;
+                    let runs = host_runs.clone();
+                    rec.op().name("host").mutates(&[&i]).run(move |ctx| {
+                        runs.fetch_add(1, SeqCst);
+                        *ctx.write(ik)? += 1;
+                        Ok(())
+                    })
+                })
+                .unwrap();
+            let replays: Vec<_> = (0..REPLAYS).map(|_| graph.replay()).collect();
+            for r in replays {
+                let cause = poisoned(r.wait());
+                assert_eq!(cause.op_name(), None, "the push's failure");
+            }
+            assert!(engine.wait_for_var(&v).wait().is_err());
+            assert_eq!(b.version(), 1, "only the failed push wrote b");
+            // A skipped op counts its mutations, once per replay.
+            assert_eq!(v.version(), REPLAYS as u64, "v's version");
+        }
+        assert_eq!(bodies.load(SeqCst), 0, "the skipped op's body never ran");
+        assert_eq!(
+            host_runs.load(SeqCst),
+            0,
+            "the host op after the skipped one ran"
+        );
+    });
+}

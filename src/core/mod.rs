@@ -8,6 +8,7 @@
 //! | [`anchor`] | who frees an op's allocation, once nothing can touch it |
 //! | [`generations`] | when every op pushed before a wait has finished |
 //! | [`replay`] | when each op of a recorded graph's replay may run, and when the replay is over |
+//! | [`due`] | whether a wake of a recorded op's task is due in the replay in flight, or a leftover to ignore |
 //! | [`room`] | when a producer may push again under a bound on ops in flight |
 //! | [`tickets`] | who gets counted units, in which order, without deadlock |
 //! | [`fence`] | when device work is done, and who waits for it |
@@ -23,6 +24,7 @@ pub(crate) mod anchor;
 pub(crate) mod arrivals;
 pub(crate) mod chain;
 pub(crate) mod countdown;
+pub(crate) mod due;
 pub(crate) mod fence;
 pub(crate) mod few;
 pub(crate) mod generations;

@@ -14,12 +14,14 @@
 //! - Replays of one graph never overlap: `arm` is called only after the
 //!   previous replay's `poll_done` returned `Ready` (the graph's caller
 //!   orders them), and before any op of the new replay runs.
-//! - An op calls [`satisfy`](Countdowns::satisfy) for its successors, then
-//!   is counted out once, by [`op_done`](Countdowns::op_done) or in a batch
+//! - An op calls [`satisfy`](Countdowns::satisfy) for its successors once,
+//!   then is counted out once, by [`op_done`](Countdowns::op_done) or in a batch
 //!   by [`ops_done`](Countdowns::ops_done). After a count that returns
 //!   [`Left::Last`] the caller must not touch the countdowns (nor anything
 //!   the replay's awaiter may free once it sees the replay over): the last
 //!   thing it touches is the waiter's lock, released in `op_done`.
+//! - In debug builds, a satisfy of an op whose count is already zero, and
+//!   a count-out of more ops than are left, panic: an op ended twice.
 //! - `poll_done` is Ready only once the last op's `op_done` has released
 //!   that lock, so an awaiter that frees the graph on Ready frees nothing an
 //!   op still uses.
@@ -122,7 +124,11 @@ impl Countdowns {
     pub fn satisfy(&self, op: u32) -> Satisfied {
         // AcqRel: the thread that sees the count reach zero runs the op, and
         // must see what every predecessor wrote.
-        if self.pending[op as usize].fetch_sub(1, AcqRel) == 1 {
+        let before = self.pending[op as usize].fetch_sub(1, AcqRel);
+        // One more satisfy than the op has predecessors: a predecessor
+        // ended twice (its successor then ran early, or in the next replay).
+        debug_assert_ne!(before, 0, "op {op} satisfied more often than it waits");
+        if before == 1 {
             Satisfied::Ready
         } else {
             Satisfied::Waiting
@@ -145,7 +151,11 @@ impl Countdowns {
         debug_assert!(n != 0);
         // AcqRel: the last op's thread sees every op's effects, and publishes
         // them with the lock below to the awaiter.
-        if self.left.fetch_sub(n, AcqRel) != n {
+        let before = self.left.fetch_sub(n, AcqRel);
+        // More ops counted out than the replay has: an op ended twice (the
+        // replay resolved before its ops had all run).
+        debug_assert!(before >= n, "{n} ops counted out, {before} left");
+        if before != n {
             return Left::More;
         }
         let waker = {

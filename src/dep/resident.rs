@@ -23,6 +23,15 @@
 //! - The task is woken only while a replay of its graph is in flight: the
 //!   replay's op keeps the graph, its host (the engine) and its driver
 //!   alive until every recorded op of the replay has ended.
+//! - But a slow step's task (on a stream device, or with units) is woken
+//!   by fences too, and a fence wakes every waker it holds, perhaps after
+//!   the step ended or once its replay is over. Its task is *gated*
+//!   (`core::due`): the thread that makes it ready makes it due
+//!   ([`Resident::make_due`]) before waking it, it ends its due run
+//!   ([`Resident::end_due`]) before counting itself out, and a wake that
+//!   finds it not due runs nothing (its schedule function asks for no
+//!   units, its future touches nothing but its own block). So the step
+//!   runs once per replay, and a leftover wake never reaches the driver.
 //! - Dropping a [`Resident`] gives up the op's variables and cancels the
 //!   task; the cancelled task's runnable is dropped on the spot by its
 //!   schedule function (`schedule_resident`), never sent to an executor
@@ -49,6 +58,7 @@ use super::lifecycle::host;
 use super::poison::Skip;
 use super::start::Cancel;
 use super::var::VarState;
+use crate::core::due::{self, Wake};
 use crate::error::{BoxError, FailureKind, OpFailure, VarId, panic_message};
 
 /// A recorded op's body: called once per replay.
@@ -125,7 +135,10 @@ impl Resident {
     /// # Safety
     ///
     /// The task is woken ([`wake`](Self::wake)) only while `driver` and
-    /// `host` are alive.
+    /// `host` are alive; a *gated* one (`gated`: a slow step, see
+    /// [`make_due`](Self::make_due)) may be woken any time before it is
+    /// dropped, but runs its op through the driver only while it is due,
+    /// and then the same holds.
     ///
     /// Inline: its one caller (`graph::run::Runtime::new`) builds a
     /// graph's tasks in a loop, and `spec` is large to pass by value.
@@ -135,16 +148,20 @@ impl Resident {
         host: &H,
         driver: *const D,
         op: u32,
+        gated: bool,
     ) -> Self {
         let block = OpBlock::new(spec, std::ptr::from_ref(host).cast());
-        let future = ResidentFuture {
-            driver,
-            op,
-            parked: false,
+        let (runner, task) = if gated {
+            async_task::Builder::new().metadata(block).spawn(
+                move |block| ResidentFuture::<D, true>::new(driver, op, block),
+                schedule_resident::<H>,
+            )
+        } else {
+            async_task::Builder::new().metadata(block).spawn(
+                move |block| ResidentFuture::<D, false>::new(driver, op, block),
+                schedule_resident::<H>,
+            )
         };
-        let (runner, task) = async_task::Builder::new()
-            .metadata(block)
-            .spawn(move |_| future, schedule_resident::<H>);
         let waker = runner.waker();
         // The first poll parks the task (it returns at once): from now on a
         // wake schedules it.
@@ -198,6 +215,23 @@ impl Resident {
     pub(crate) fn waker(&self) -> &Waker {
         &self.waker
     }
+
+    /// Of a gated task (a slow step): it became ready in this replay, so
+    /// its runs are due until it [`ends`](Self::end_due); wakes before or
+    /// after are leftovers (a fence's) that run nothing. Called by the one
+    /// thread that made it ready, before it wakes it.
+    #[inline]
+    pub(crate) fn make_due(&self) {
+        due::make_due(&self.block().status);
+    }
+
+    /// Of a gated task: it ended in this replay (called inside its run,
+    /// before it counts itself out); wakes are leftovers until the next
+    /// replay makes it due.
+    #[inline]
+    pub(crate) fn end_due(&self) {
+        due::end(&self.block().status);
+    }
 }
 
 thread_local! {
@@ -230,9 +264,16 @@ fn schedule_resident<H: Host>(runner: Runner) {
         return;
     }
     // SAFETY: a resident task is woken only while its host is alive (see
-    // `Resident::spawn`), and `spawn::<H, _>` set this block's host.
+    // `Resident::spawn`): in a replay, or (a gated task's leftover wake)
+    // while its `Resident` is not dropped, whose graph's runtime holds the
+    // host; a dropped one is cancelled, and a cancelled task is not
+    // scheduled by a wake. `spawn::<H, _>` set this block's host.
     let host: *const H = unsafe { host::<H>(runner.metadata()) };
-    if super::resident_units::must_ask(runner.metadata()) {
+    // A leftover wake of a step that is not due (see `core::due`) asks for
+    // nothing: dispatched, it runs nothing either.
+    if super::resident_units::must_ask(runner.metadata())
+        && due::on_wake(&runner.metadata().status) == Wake::Due
+    {
         // SAFETY: as above.
         return super::resident_units::ask(runner, unsafe { &*host });
     }
@@ -244,28 +285,52 @@ fn schedule_resident<H: Host>(runner: Runner) {
 }
 
 /// The future of a resident task: parks on its first poll, then runs its
-/// op each time it is woken. It never completes.
-struct ResidentFuture<D> {
+/// op each time it is woken; `GATED` (a slow step's), only while the op is
+/// due in the replay in flight (`core::due`), ignoring leftover wakes. It
+/// never completes.
+struct ResidentFuture<D, const GATED: bool> {
     driver: *const D,
     op: u32,
     parked: bool,
+    /// The task's own block (its metadata, which outlives this future).
+    block: *const OpBlock,
 }
 
-// SAFETY: the driver is `Sync` (a `Driver` is), and only shared references to
-// it are made.
-unsafe impl<D: Driver> Send for ResidentFuture<D> {}
+impl<D, const GATED: bool> ResidentFuture<D, GATED> {
+    fn new(driver: *const D, op: u32, block: &OpBlock) -> Self {
+        Self {
+            driver,
+            op,
+            parked: false,
+            block,
+        }
+    }
+}
 
-impl<D: Driver> Future for ResidentFuture<D> {
+// SAFETY: the driver is `Sync` (a `Driver` is), and so is the block (an
+// `OpBlock`); only shared references to them are made.
+unsafe impl<D: Driver, const GATED: bool> Send for ResidentFuture<D, GATED> {}
+
+impl<D: Driver, const GATED: bool> Future for ResidentFuture<D, GATED> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
         if !self.parked {
             self.parked = true;
-        } else {
-            // SAFETY: woken, so a replay is in flight, which keeps the driver
-            // alive (`Resident::spawn`'s contract).
-            unsafe { (*self.driver).run(self.op) };
+            return Poll::Pending;
         }
+        // SAFETY: the block is this task's metadata, which lives as long as
+        // the task, longer than its future.
+        if GATED && due::on_wake(unsafe { &(*self.block).status }) == Wake::Stale {
+            // A leftover wake (see `core::due`): the replay that the step
+            // ran in may be over and its graph gone; nothing of it is
+            // touched.
+            return Poll::Pending;
+        }
+        // SAFETY: woken (and due, if gated), so a replay is in flight and
+        // waits for this op, which keeps the driver alive
+        // (`Resident::spawn`'s contract).
+        unsafe { (*self.driver).run(self.op) };
         Poll::Pending
     }
 }

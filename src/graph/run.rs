@@ -81,6 +81,17 @@ impl Step {
     pub(crate) fn device(&self) -> u16 {
         self.resident.block().device_index()
     }
+
+    /// Wakes the step, which this thread made ready (a root as the replay
+    /// arms, or its countdown reached zero here): a slow step is made due
+    /// first, its task gated (see `core::due`).
+    #[inline]
+    fn wake(&self) {
+        if self.slow.is_some() {
+            self.resident.make_due();
+        }
+        self.resident.wake();
+    }
 }
 
 /// How many ready ops one thread keeps to run itself (a power of two).
@@ -207,11 +218,8 @@ impl<H: Host> Runtime<H> {
                 .enumerate()
                 .map(|(i, (spec, body))| {
                     let (kind, slow) = slow::kind_of(&spec, &*host);
-                    let inline_on = if slow.is_some() {
-                        NO_INLINE
-                    } else {
-                        spec.device_index
-                    };
+                    let gated = slow.is_some();
+                    let inline_on = if gated { NO_INLINE } else { spec.device_index };
                     Step {
                         inline_on: AtomicU16::new(inline_on),
                         priority: spec.priority,
@@ -223,7 +231,9 @@ impl<H: Host> Runtime<H> {
                         // flight and waits for the op, and the replay's op
                         // holds the runtime (the driver, at `driver` once
                         // built) and with it the host.
-                        resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32) },
+                        // A slow step's task is gated: fences wake it too
+                        // (see `core::due`).
+                        resident: unsafe { Resident::spawn(spec, &*host, driver, i as u32, gated) },
                         body,
                     }
                 })
@@ -302,7 +312,7 @@ impl<H: Host> Runtime<H> {
                 return false;
             }
         }
-        step.resident.wake();
+        step.wake();
         // Of higher priority and perhaps on this device (a slow or long op
         // of any device): the executor orders it before the kept ones.
         step.priority > 0 && (inline_on == device || inline_on == NO_INLINE)

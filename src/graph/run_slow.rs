@@ -235,10 +235,14 @@ impl<H: Host> Runtime<H> {
         }
     }
 
-    /// Slow step `op` ended with `ran`: its successors (but those on its
-    /// device if `enqueued`: they went at its enqueue), then it counts
-    /// itself out. Nothing here runs an op inline (this may be a poller).
+    /// Slow step `op` ended with `ran`: no longer due (a leftover wake of
+    /// its task now runs nothing), its successors (but those on its device
+    /// if `enqueued`: they went at its enqueue), then it counts itself
+    /// out. Nothing here runs an op inline (this may be a poller).
     fn slow_ended(&self, op: u32, ran: Ran, enqueued: bool) {
+        // Inside its task's run: a wake meanwhile runs it again only after
+        // this run, when it is no longer due.
+        self.steps[op as usize].resident.end_due();
         match ran {
             Ran::Succeeded => {}
             Ran::Failed(f) => self.fail(Error::Failed(f)),
@@ -260,7 +264,7 @@ impl<H: Host> Runtime<H> {
                 continue;
             }
             if self.countdowns.satisfy(s) == Satisfied::Ready {
-                self.steps[s as usize].resident.wake();
+                self.steps[s as usize].wake();
             }
         }
     }
