@@ -283,6 +283,88 @@ fn a_slow_but_healthy_program_is_not_reported() {
     assert!(hangs.try_recv().is_err(), "a healthy program was reported");
 }
 
+/// A replay of a graph whose recorded ops each take a while, over several
+/// periods: the replay is one op of the engine's, running all along, but
+/// its recorded ops start and end well within a period, and that is
+/// progress (issue 35: reported as a hang, "no op has started or ended").
+#[test]
+fn a_long_healthy_replay_is_not_reported() {
+    let _serial = serial();
+    let period = Duration::from_millis(250);
+    let (tx, hangs) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let engine = Engine::builder()
+        .threads(2)
+        .watchdog(period)
+        .on_hang(move |report| {
+            let _ = tx.lock().unwrap().send(report.clone());
+        })
+        .build()
+        .unwrap();
+    let v = engine.var(0u32);
+    let graph = engine
+        .record(|rec| {
+            for _ in 0..40 {
+                let k = v.key();
+                rec.op().name("slow step").mutates(&[&v]).run(move |ctx| {
+                    std::thread::sleep(Duration::from_millis(25));
+                    *ctx.write(k)? += 1;
+                    Ok(())
+                })?;
+            }
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    let started = Instant::now();
+    let replay = graph.replay();
+    within(60, move || replay.wait()).unwrap();
+    assert!(
+        started.elapsed() >= period * 3,
+        "the replay was not slow: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(engine.get(&v).wait().unwrap(), 40);
+    // Idle after it: nothing is pending, nothing to report.
+    std::thread::sleep(period * 2);
+    if let Ok(report) = hangs.try_recv() {
+        panic!("a healthy replay was reported:\n{report}");
+    }
+}
+
+/// The other side: a replay whose recorded op blocks, after others ran, is
+/// still reported (recorded ops' progress stops with them).
+#[test]
+fn a_replay_stuck_in_a_recorded_op_is_reported() {
+    let _serial = serial();
+    let (engine, hangs) = watched(2);
+    let (release, gate) = mpsc::channel::<()>();
+    let gate = Mutex::new(gate);
+    let v = engine.var(0u32);
+    let graph = engine
+        .record(|rec| {
+            for _ in 0..4 {
+                let k = v.key();
+                rec.op().mutates(&[&v]).run(move |ctx| {
+                    std::thread::sleep(Duration::from_millis(10));
+                    *ctx.write(k)? += 1;
+                    Ok(())
+                })?;
+            }
+            rec.op().name("stuck").mutates(&[&v]).run(move |_| {
+                Ok(gate.lock().unwrap().recv_timeout(Duration::from_secs(60))?)
+            })
+        })
+        .unwrap();
+    let since = Instant::now();
+    let replay = graph.replay();
+    let report = first_report(&hangs, since);
+    let text = report.to_string();
+    assert!(text.contains("no op has started or ended"), "{text}");
+    release.send(()).unwrap();
+    within(60, move || replay.wait()).unwrap();
+    assert_eq!(engine.get(&v).wait().unwrap(), 4);
+}
+
 #[test]
 fn the_dot_graph_has_the_ops_the_variable_and_the_cycle() {
     let _serial = serial();

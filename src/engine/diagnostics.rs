@@ -53,7 +53,11 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
         })
         .collect();
     let tracker = shared.tracker();
-    let quiet = tracker.map(|t| t.progress().1);
+    let quiet = tracker.map(|t| match watchdog(shared) {
+        // Recorded ops' runs are progress too (a watchdog counts them).
+        Some(dog) => dog.progress(t, Instant::now()).1,
+        None => t.progress().1,
+    });
     let mut tracked = tracker.map(|t| t.report(&parked, &mut resources));
     let name = |i: u16| shared.devices[usize::from(i)].name.clone();
     for op in waiting_for_units
@@ -125,8 +129,8 @@ fn watch(weak: &Weak<Shared>) {
             if dog.is_stopped() {
                 return;
             }
-            let (progress, quiet) = tracker.progress();
             let now = Instant::now();
+            let (progress, quiet) = dog.progress(tracker, now);
             let elapsed = now.saturating_duration_since(last);
             last = now;
             if stall.look(
