@@ -475,6 +475,20 @@ fn expect_watchdog_threads(n: usize, why: &str) {
     }
 }
 
+/// Waits up to `bound` for the count of watchdog threads to be `n` or
+/// fewer (another test's joined thread may linger in /proc a moment).
+fn expect_watchdog_threads_within(n: usize, bound: Duration, why: &str) {
+    let deadline = Instant::now() + bound;
+    while watchdog_threads() > n {
+        assert!(
+            Instant::now() < deadline,
+            "{why}: {} watchdog threads, not {n} or fewer, {bound:?} on",
+            watchdog_threads()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 #[cfg_attr(not(target_os = "linux"), ignore = "counts threads through /proc")]
 fn the_watchdog_thread_ends_with_its_engine() {
@@ -514,6 +528,39 @@ fn the_watchdog_thread_ends_with_its_engine() {
     give_up.send(()).unwrap();
     within(10, move || drop(engine));
     expect_watchdog_threads(before, "the watchdog thread outlived its engine");
+}
+
+/// The builder's docs say the engine's shutdown stops the watchdog: once
+/// `shutdown().wait()` returns, its thread is gone, though the engine's
+/// handle is still held (issue 35: it ran until the last handle went).
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "counts threads through /proc")]
+fn shutdown_stops_the_watchdog_thread() {
+    let _serial = serial();
+    let before = watchdog_threads();
+    let (engine, hangs) = watched(1);
+    expect_watchdog_threads(before + 1, "a watchdog has a thread");
+    let v = engine.new_var();
+    engine
+        .push(&[], &[&v], |_| {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(())
+        })
+        .unwrap();
+    let e = engine.clone();
+    within(10, move || e.shutdown().wait()).unwrap();
+    // Joined by the wait: no lingering thread to wait for here (a joined
+    // thread's entry may outlive it in /proc for a moment, so the bound
+    // is short, not zero).
+    expect_watchdog_threads_within(before, Duration::from_millis(200), "after shutdown");
+    // Awaited rather than waited on, and shut down twice: the same.
+    let (engine2, _hangs2) = watched(1);
+    expect_watchdog_threads(before + 1, "a watchdog has a thread");
+    futures::executor::block_on(engine2.shutdown()).unwrap();
+    futures::executor::block_on(engine2.shutdown()).unwrap();
+    expect_watchdog_threads_within(before, Duration::from_millis(200), "after shutdown");
+    drop((engine, engine2));
+    assert!(hangs.try_recv().is_err(), "nothing hung");
 }
 
 #[test]

@@ -96,6 +96,14 @@ pub(super) fn watchdog(shared: &Shared) -> Option<&Watchdog> {
     shared.observer.as_ref()?.watchdog.as_ref()
 }
 
+/// Stops the watchdog thread of `shared`, if it has one, and joins it
+/// (unless called on that thread). Again: nothing.
+pub(super) fn stop_watchdog(shared: &Shared) {
+    if let Some(dog) = watchdog(shared) {
+        dog.stop();
+    }
+}
+
 /// Starts the watchdog thread of `shared`, if it has a watchdog. The thread
 /// holds the engine weakly and ends when the engine's shutdown stops it (or
 /// the engine is gone).
