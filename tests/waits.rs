@@ -243,11 +243,15 @@ fn voluntary_switches() -> u64 {
         .unwrap()
 }
 
+/// A blocking wait on an op of the engine (the op's handle, or the engine).
+#[cfg(target_os = "linux")]
+type LongWait = fn(&Engine, depflow::OpHandle<()>);
+
 /// How often the calling thread wakes while `wait` blocks on an op of
 /// `LONG_OP` (the op is pushed first, by this thread, so that it is one of
 /// the thread's own ops still to free).
 #[cfg(target_os = "linux")]
-fn wakes_in_a_long_wait(wait: impl FnOnce(&Engine, depflow::OpHandle<()>)) -> u64 {
+fn wakes_in_a_long_wait(wait: LongWait) -> u64 {
     const LONG_OP: Duration = Duration::from_millis(500);
     let engine = Engine::builder().threads(1).build().unwrap();
     let v = engine.new_var();
@@ -273,7 +277,7 @@ fn wakes_in_a_long_wait(wait: impl FnOnce(&Engine, depflow::OpHandle<()>)) -> u6
 #[test]
 fn a_blocked_wait_wakes_only_when_its_op_is_done() {
     within(HUNG, || {
-        let waits: [(&str, fn(&Engine, depflow::OpHandle<()>)); 4] = [
+        let waits: [(&str, LongWait); 4] = [
             ("OpHandle::wait", |_, op| op.wait().unwrap()),
             ("OpHandle::wait_timeout", |_, mut op| {
                 op.wait_timeout(LONG).unwrap();

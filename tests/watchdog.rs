@@ -350,9 +350,10 @@ fn a_replay_stuck_in_a_recorded_op_is_reported() {
                     Ok(())
                 })?;
             }
-            rec.op().name("stuck").mutates(&[&v]).run(move |_| {
-                Ok(gate.lock().unwrap().recv_timeout(Duration::from_secs(60))?)
-            })
+            rec.op()
+                .name("stuck")
+                .mutates(&[&v])
+                .run(move |_| Ok(gate.lock().unwrap().recv_timeout(Duration::from_secs(60))?))
         })
         .unwrap();
     let since = Instant::now();
