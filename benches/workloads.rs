@@ -24,6 +24,7 @@
 //! cargo bench --bench workloads -- [--json] [--quick] [--threads 1,2]
 //!     [--runs 5] [--workloads chain,fanout,chain_replay]
 //!     [--bodies empty,spin1000] [--replays 3] [--no-pending] [--trace]
+//!     [--watchdog]
 //! ```
 //!
 //! `--workloads` names rows: `chain` is the pushed program, `chain_replay`
@@ -32,7 +33,8 @@
 //! graphs*).
 //!
 //! `--trace` builds every engine with [`Tracing::On`]: what recording a
-//! trace costs (the trace is never taken).
+//! trace costs (the trace is never taken). `--watchdog` gives every engine
+//! a hang watchdog of a minute: what watching for hangs costs.
 //!
 //! `--quick` scales every N down by 10. Besides the workload table it
 //! measures, per workload shape, the producer's cost per push alone and the
@@ -342,6 +344,9 @@ struct Run {
 /// `--trace`: every engine records a trace (never taken), to measure what
 /// recording costs.
 static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// `--watchdog`: every engine has a hang watchdog (of a minute, never
+/// reporting), to measure what watching for hangs costs.
+static WATCHDOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn engine(threads: usize) -> Engine {
     let tracing = if TRACE.load(std::sync::atomic::Ordering::Relaxed) {
@@ -349,11 +354,14 @@ fn engine(threads: usize) -> Engine {
     } else {
         Tracing::Off
     };
-    Engine::builder()
-        .threads(threads)
-        .tracing(tracing)
-        .build()
-        .unwrap()
+    let builder = Engine::builder().threads(threads).tracing(tracing);
+    if WATCHDOG.load(std::sync::atomic::Ordering::Relaxed) {
+        builder.watchdog(std::time::Duration::from_secs(60))
+    } else {
+        builder
+    }
+    .build()
+    .unwrap()
 }
 
 fn run_once(program: &Program, body: Body, threads: usize, expected: &[u64]) -> Run {
@@ -584,6 +592,7 @@ fn parse_args() -> Args {
             "--quick" => args.scale = 10,
             "--no-pending" => args.pending = false,
             "--trace" => TRACE.store(true, std::sync::atomic::Ordering::Relaxed),
+            "--watchdog" => WATCHDOG.store(true, std::sync::atomic::Ordering::Relaxed),
             "--threads" => {
                 args.threads = value()
                     .split(',')

@@ -283,6 +283,89 @@ fn a_slow_but_healthy_program_is_not_reported() {
     assert!(hangs.try_recv().is_err(), "a healthy program was reported");
 }
 
+/// A replay of a graph whose recorded ops each take a while, over several
+/// periods: the replay is one op of the engine's, running all along, but
+/// its recorded ops start and end well within a period, and that is
+/// progress (issue 35: reported as a hang, "no op has started or ended").
+#[test]
+fn a_long_healthy_replay_is_not_reported() {
+    let _serial = serial();
+    let period = Duration::from_millis(250);
+    let (tx, hangs) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let engine = Engine::builder()
+        .threads(2)
+        .watchdog(period)
+        .on_hang(move |report| {
+            let _ = tx.lock().unwrap().send(report.clone());
+        })
+        .build()
+        .unwrap();
+    let v = engine.var(0u32);
+    let graph = engine
+        .record(|rec| {
+            for _ in 0..40 {
+                let k = v.key();
+                rec.op().name("slow step").mutates(&[&v]).run(move |ctx| {
+                    std::thread::sleep(Duration::from_millis(25));
+                    *ctx.write(k)? += 1;
+                    Ok(())
+                })?;
+            }
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    let started = Instant::now();
+    let replay = graph.replay();
+    within(60, move || replay.wait()).unwrap();
+    assert!(
+        started.elapsed() >= period * 3,
+        "the replay was not slow: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(engine.get(&v).wait().unwrap(), 40);
+    // Idle after it: nothing is pending, nothing to report.
+    std::thread::sleep(period * 2);
+    if let Ok(report) = hangs.try_recv() {
+        panic!("a healthy replay was reported:\n{report}");
+    }
+}
+
+/// The other side: a replay whose recorded op blocks, after others ran, is
+/// still reported (recorded ops' progress stops with them).
+#[test]
+fn a_replay_stuck_in_a_recorded_op_is_reported() {
+    let _serial = serial();
+    let (engine, hangs) = watched(2);
+    let (release, gate) = mpsc::channel::<()>();
+    let gate = Mutex::new(gate);
+    let v = engine.var(0u32);
+    let graph = engine
+        .record(|rec| {
+            for _ in 0..4 {
+                let k = v.key();
+                rec.op().mutates(&[&v]).run(move |ctx| {
+                    std::thread::sleep(Duration::from_millis(10));
+                    *ctx.write(k)? += 1;
+                    Ok(())
+                })?;
+            }
+            rec.op()
+                .name("stuck")
+                .mutates(&[&v])
+                .run(move |_| Ok(gate.lock().unwrap().recv_timeout(Duration::from_secs(60))?))
+        })
+        .unwrap();
+    let since = Instant::now();
+    let replay = graph.replay();
+    let report = first_report(&hangs, since);
+    let text = report.to_string();
+    assert!(text.contains("no op has started or ended"), "{text}");
+    release.send(()).unwrap();
+    within(60, move || replay.wait()).unwrap();
+    assert_eq!(engine.get(&v).wait().unwrap(), 4);
+}
+
 #[test]
 fn the_dot_graph_has_the_ops_the_variable_and_the_cycle() {
     let _serial = serial();
@@ -393,6 +476,20 @@ fn expect_watchdog_threads(n: usize, why: &str) {
     }
 }
 
+/// Waits up to `bound` for the count of watchdog threads to be `n` or
+/// fewer (another test's joined thread may linger in /proc a moment).
+fn expect_watchdog_threads_within(n: usize, bound: Duration, why: &str) {
+    let deadline = Instant::now() + bound;
+    while watchdog_threads() > n {
+        assert!(
+            Instant::now() < deadline,
+            "{why}: {} watchdog threads, not {n} or fewer, {bound:?} on",
+            watchdog_threads()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 #[cfg_attr(not(target_os = "linux"), ignore = "counts threads through /proc")]
 fn the_watchdog_thread_ends_with_its_engine() {
@@ -432,6 +529,39 @@ fn the_watchdog_thread_ends_with_its_engine() {
     give_up.send(()).unwrap();
     within(10, move || drop(engine));
     expect_watchdog_threads(before, "the watchdog thread outlived its engine");
+}
+
+/// The builder's docs say the engine's shutdown stops the watchdog: once
+/// `shutdown().wait()` returns, its thread is gone, though the engine's
+/// handle is still held (issue 35: it ran until the last handle went).
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "counts threads through /proc")]
+fn shutdown_stops_the_watchdog_thread() {
+    let _serial = serial();
+    let before = watchdog_threads();
+    let (engine, hangs) = watched(1);
+    expect_watchdog_threads(before + 1, "a watchdog has a thread");
+    let v = engine.new_var();
+    engine
+        .push(&[], &[&v], |_| {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(())
+        })
+        .unwrap();
+    let e = engine.clone();
+    within(10, move || e.shutdown().wait()).unwrap();
+    // Joined by the wait: no lingering thread to wait for here (a joined
+    // thread's entry may outlive it in /proc for a moment, so the bound
+    // is short, not zero).
+    expect_watchdog_threads_within(before, Duration::from_millis(200), "after shutdown");
+    // Awaited rather than waited on, and shut down twice: the same.
+    let (engine2, _hangs2) = watched(1);
+    expect_watchdog_threads(before + 1, "a watchdog has a thread");
+    futures::executor::block_on(engine2.shutdown()).unwrap();
+    futures::executor::block_on(engine2.shutdown()).unwrap();
+    expect_watchdog_threads_within(before, Duration::from_millis(200), "after shutdown");
+    drop((engine, engine2));
+    assert!(hangs.try_recv().is_err(), "nothing hung");
 }
 
 #[test]

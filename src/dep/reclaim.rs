@@ -300,10 +300,14 @@ const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(2
 /// another thread, a collective completed by a progress thread) is then
 /// seen without a park and an unpark, which cost more than that wait.
 ///
-/// While ops this thread pushed are unfinished it wakes now and then to free
-/// those that finished (its wakes do not say when they do): first after
-/// 100 µs, backing off to 10 ms while there is nothing to free, so that a
-/// long wait costs a few wakes a second, not thousands.
+/// While ops this thread pushed are unfinished it wakes to free those that
+/// finished (its wakes do not say when they do), 100 µs after it parks,
+/// and again 100 µs later as long as each such look finds some to free: so
+/// the frees of a stream of ops overlap with the workers' run instead of
+/// piling up after it. A look that finds none ends the looks: from then on
+/// the thread sleeps until what it waits for wakes it (or its deadline
+/// passes), and frees the rest after. So a wait on a long op wakes twice,
+/// not every few milliseconds (issue 35: about 105 times a second before).
 pub(crate) fn block_on_until<F: std::future::Future + Unpin>(
     mut fut: F,
     deadline: Option<std::time::Instant>,
@@ -345,10 +349,12 @@ fn wait_until<F: std::future::Future + Unpin>(
     use std::task::{Context, Poll};
     use std::time::{Duration, Instant};
 
-    const FIRST_LOOK: Duration = Duration::from_micros(100);
-    const LAST_LOOK: Duration = Duration::from_millis(10);
+    /// How long a park lasts while looking for finished ops to free.
+    const LOOK: Duration = Duration::from_micros(100);
     let mut cx = Context::from_waker(waker);
-    let mut look = FIRST_LOOK;
+    // Whether the next park is a look; a look that frees nothing ends them,
+    // one that does renews them.
+    let mut looking = true;
     // Read the clock only once the future is found pending.
     let mut spin_until = None;
     loop {
@@ -363,7 +369,7 @@ fn wait_until<F: std::future::Future + Unpin>(
             continue;
         }
         if collect_at_most(256) > 0 {
-            look = FIRST_LOOK;
+            looking = true;
             continue;
         }
         let left = match deadline {
@@ -373,10 +379,11 @@ fn wait_until<F: std::future::Future + Unpin>(
             },
             None => None,
         };
-        if has_adopted() {
-            // Ops of ours are still running: look again, less and less often.
-            std::thread::park_timeout(left.map_or(look, |left| left.min(look)));
-            look = (look * 2).min(LAST_LOOK);
+        if looking && has_adopted() {
+            // Ops of ours are still running: look once more; if that frees
+            // nothing, sleep until woken.
+            std::thread::park_timeout(left.map_or(LOOK, |left| left.min(LOOK)));
+            looking = false;
         } else {
             match left {
                 Some(left) => std::thread::park_timeout(left),

@@ -262,13 +262,18 @@ impl EngineBuilder {
     /// unfinished ops, and its count of ops started and ended), and runs a
     /// thread of its own, `depflow-watch`, which looks every quarter period
     /// (so a hang is reported within about 1.25 periods) and sleeps in
-    /// between; the engine's shutdown stops it, and it never keeps the
-    /// engine alive.
+    /// between; the engine's shutdown stops and joins it (once
+    /// [`Engine::shutdown`]'s wait resolves, or as the last handle is
+    /// dropped), and it never keeps the engine alive.
     ///
     /// Choose a period longer than the longest op body you expect: an op
     /// that runs longer, with nothing else starting or ending meanwhile,
     /// looks like a hang. (An async body that awaits does not count as
-    /// progress either; only starts and ends do.)
+    /// progress either; only starts and ends do.) In a
+    /// [replay](crate::Graph::replay), the recorded ops that start and end
+    /// are progress, so the longest recorded op counts, not the replay;
+    /// they are seen at the watchdog's next look, so a replay that hangs
+    /// is reported within about 1.5 periods.
     ///
     /// [`build`](Self::build) refuses a zero period.
     ///

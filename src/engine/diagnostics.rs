@@ -53,7 +53,11 @@ pub(super) fn report(shared: &Shared) -> Diagnostics {
         })
         .collect();
     let tracker = shared.tracker();
-    let quiet = tracker.map(|t| t.progress().1);
+    let quiet = tracker.map(|t| match watchdog(shared) {
+        // Recorded ops' runs are progress too (a watchdog counts them).
+        Some(dog) => dog.progress(t, Instant::now()).1,
+        None => t.progress().1,
+    });
     let mut tracked = tracker.map(|t| t.report(&parked, &mut resources));
     let name = |i: u16| shared.devices[usize::from(i)].name.clone();
     for op in waiting_for_units
@@ -92,6 +96,14 @@ pub(super) fn watchdog(shared: &Shared) -> Option<&Watchdog> {
     shared.observer.as_ref()?.watchdog.as_ref()
 }
 
+/// Stops the watchdog thread of `shared`, if it has one, and joins it
+/// (unless called on that thread). Again: nothing.
+pub(super) fn stop_watchdog(shared: &Shared) {
+    if let Some(dog) = watchdog(shared) {
+        dog.stop();
+    }
+}
+
 /// Starts the watchdog thread of `shared`, if it has a watchdog. The thread
 /// holds the engine weakly and ends when the engine's shutdown stops it (or
 /// the engine is gone).
@@ -125,8 +137,8 @@ fn watch(weak: &Weak<Shared>) {
             if dog.is_stopped() {
                 return;
             }
-            let (progress, quiet) = tracker.progress();
             let now = Instant::now();
+            let (progress, quiet) = dog.progress(tracker, now);
             let elapsed = now.saturating_duration_since(last);
             last = now;
             if stall.look(

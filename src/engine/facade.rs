@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::builder::EngineBuilder;
-use super::handle::{OpHandle, Wait};
+use super::handle::{Drained, OpHandle, Wait};
 use super::op_builder::OpBuilder;
 use super::shared::Shared;
 use super::shutdown::ShutdownOnDrop;
@@ -603,11 +603,18 @@ impl Engine {
         if in_op_of(&**self.shared()) {
             return Wait::ready(Err(Error::WaitsForItself));
         }
-        Wait::drain(self.shared().pending.wait(), self.shared().clone(), true)
+        Wait::drain(
+            self.shared().pending.wait(),
+            self.shared().clone(),
+            Drained::ReportFailures,
+        )
     }
 
     /// Shuts the engine down: new pushes fail with [`Error::ShutDown`]; the
-    /// returned wait resolves once every op pushed before has finished. The
+    /// returned wait resolves once every op pushed before has finished, and
+    /// stops the engine's [watchdog](crate::EngineBuilder::watchdog) thread
+    /// then (joined before it returns; until then the watchdog still
+    /// reports a drain that hangs). The
     /// executors' threads stop when the last handle is dropped (dropping it
     /// also shuts down, blocking until the ops have finished, except where
     /// [`Engine`] says). [`shutdown_timeout`](Engine::shutdown_timeout)
@@ -634,7 +641,7 @@ impl Engine {
         Wait::drain(
             self.shared().close_and_drain(),
             self.shared().clone(),
-            false,
+            Drained::StopWatchdog,
         )
     }
 

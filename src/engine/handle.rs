@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::FusedFuture;
 
+use super::diagnostics::stop_watchdog;
 use super::shared::Shared;
 use crate::core::generations::Signal;
 use crate::dep::{Cancel, OpTask, PushedOp, in_op, reclaim};
@@ -413,13 +414,22 @@ pub struct Wait {
     inner: WaitFor,
 }
 
+/// What a wait on the whole engine does once every op it covers finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Drained {
+    /// `wait_all`: resolves to the failures since the last one reported.
+    ReportFailures,
+    /// `shutdown`: stops the watchdog's thread and joins it.
+    StopWatchdog,
+}
+
 enum WaitFor {
     Ready(Option<Result<(), Error>>),
     Op(OpHandle<()>),
     Drain {
         signal: Arc<Signal>,
         shared: Arc<Shared>,
-        report_failures: bool,
+        then: Drained,
     },
     /// Resolved.
     Done,
@@ -438,12 +448,12 @@ impl Wait {
         }
     }
 
-    pub(crate) fn drain(signal: Arc<Signal>, shared: Arc<Shared>, report_failures: bool) -> Self {
+    pub(crate) fn drain(signal: Arc<Signal>, shared: Arc<Shared>, then: Drained) -> Self {
         Self {
             inner: WaitFor::Drain {
                 signal,
                 shared,
-                report_failures,
+                then,
             },
         }
     }
@@ -539,15 +549,20 @@ impl Future for Wait {
             WaitFor::Drain {
                 signal,
                 shared,
-                report_failures,
+                then,
             } => {
                 std::task::ready!(signal.poll_fired(cx));
                 // Everything this thread pushed before is finished: free it.
                 reclaim::drain();
-                if *report_failures {
-                    shared.take_failures()
-                } else {
-                    Ok(())
+                match then {
+                    Drained::ReportFailures => shared.take_failures(),
+                    Drained::StopWatchdog => {
+                        // Nothing is left to watch: the engine is closed and
+                        // drained (its thread would look until the last
+                        // handle went).
+                        stop_watchdog(shared);
+                        Ok(())
+                    }
                 }
             }
             WaitFor::Done => return Poll::Pending,

@@ -2,6 +2,9 @@
 //! New pushes are refused, every op already pushed runs to the end, then the
 //! executors stop and their threads are joined, and so is the watchdog's
 //! thread (which, until then, still reports a drain that hangs).
+//! [`Engine::shutdown`]'s wait stops and joins the watchdog's thread as it
+//! resolves (`handle::Drained`), the executors' threads stay until the
+//! last handle goes.
 //!
 //! The drop waits for that on its own thread, except where waiting could
 //! hang: inside an op (it would wait for that very op; this includes
@@ -24,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Engine;
-use super::diagnostics::watchdog;
+use super::diagnostics::stop_watchdog;
 use super::shared::Shared;
 use crate::dep::{in_op, reclaim};
 use crate::device::on_device_thread;
@@ -59,9 +62,7 @@ impl Drop for ShutdownOnDrop {
             let drained = shared.close_and_drain();
             reclaim::block_on(std::future::poll_fn(|cx| drained.poll_fired(cx)));
             shared.stop_executors();
-            if let Some(dog) = watchdog(&shared) {
-                dog.stop();
-            }
+            stop_watchdog(&shared);
             reclaim::drain();
         };
         // Dropped inside an op (waiting here would wait for this very op),

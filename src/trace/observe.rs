@@ -170,19 +170,22 @@ impl Observer {
         }
     }
 
-    /// Whether recorded ops' runs are of interest: a trace recorder or
-    /// spans (a tracker only counts pushed ops).
+    /// Whether recorded ops' runs are of interest: a trace recorder, spans,
+    /// or a watchdog (they are progress; a tracker only counts pushed ops).
     #[inline]
     pub(crate) fn watches_recorded(&self) -> bool {
         #[cfg(feature = "tracing")]
         if self.spans.is_some() {
             return true;
         }
-        self.recorder.is_some()
+        self.recorder.is_some() || self.watchdog.is_some()
     }
 
     /// Recorded op `op` of the replay at `replay` is at `run`.
     pub(crate) fn recorded(&self, op: &OpBlock, replay: usize, run: RecordedRun) {
+        if let Some(w) = &self.watchdog {
+            w.recorded_ran();
+        }
         if let Some(r) = self.recording() {
             r.recorded(op, replay, run);
         }

@@ -2,21 +2,33 @@
 //! stall is due for a report ([`Stall`]), and the handle of its thread.
 //!
 //! The thread itself is the engine's (`engine::diagnostics`): it wakes every
-//! quarter period, reads the progress the op registry counts (ops started or
-//! ended, `track`) and the ops in flight, and reports through
-//! [`Watchdog::report`] once per stall. It holds the engine only weakly,
-//! and the engine's shutdown stops it ([`Watchdog::stop`]) and joins it.
+//! quarter period, reads the engine's progress ([`Watchdog::progress`]) and
+//! the ops in flight, and reports through [`Watchdog::report`] once per
+//! stall. It holds the engine only weakly, and the engine's shutdown stops
+//! it ([`Watchdog::stop`]) and joins it: once the shutdown's wait resolves,
+//! or as the last handle goes.
 //!
-//! Who touches what: the builder makes it; the watchdog thread reads the
-//! period and calls the callback; the shutdown sets `stopped` and takes the
-//! thread's handle, which the builder put in `thread`.
+//! Progress is ops started or ended, which the op registry counts (`track`),
+//! and the runs of a replay's recorded ops, which it does not (a replay is
+//! one op to the registry, running all along): a recorded op that starts or
+//! ends raises a flag ([`Watchdog::recorded_ran`]), which the next look
+//! takes down and counts. The flag costs a recorded op a load and a branch
+//! (a store only for the first since the last look), not the registry's
+//! lock and a clock read: the look dates it, a tick late at most.
+//!
+//! Who touches what: the builder makes it; recorded ops raise `recorded`;
+//! the watchdog thread (and a report of the engine's diagnostics) takes it
+//! down into `seen`, reads the period and calls the callback; the shutdown
+//! sets `stopped` and takes the thread's handle, which the builder put in
+//! `thread`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::diag::Diagnostics;
+use super::track::Tracker;
 use crate::loom::sync::Mutex;
 
 /// What the watchdog calls with the report of a hang.
@@ -29,6 +41,20 @@ pub(crate) struct Watchdog {
     on_hang: Option<OnHang>,
     stopped: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A recorded op started or ended since `seen` last took it down.
+    recorded: AtomicBool,
+    /// The recorded ops' progress as the looks saw it.
+    seen: Mutex<RecordedSeen>,
+}
+
+/// Recorded ops' progress, as seen by the looks that took the flag down.
+#[derive(Debug, Default)]
+struct RecordedSeen {
+    /// Looks that found the flag up: a count that moves when recorded ops
+    /// do, added to the registry's.
+    looks: u64,
+    /// The last such look.
+    last: Option<Instant>,
 }
 
 impl Watchdog {
@@ -38,7 +64,41 @@ impl Watchdog {
             on_hang,
             stopped: AtomicBool::new(false),
             thread: Mutex::new(None),
+            recorded: AtomicBool::new(false),
+            seen: Mutex::new(RecordedSeen::default()),
         }
+    }
+
+    /// A recorded op of a replay started or ended: progress that the
+    /// registry does not count. Every recorded op's start and end calls it,
+    /// on the thread that runs it: a load, and a store only if no other
+    /// did since the last look (so the flag's cache line is not written by
+    /// every op, from every worker).
+    #[inline]
+    pub(crate) fn recorded_ran(&self) {
+        if !self.recorded.load(Ordering::Relaxed) {
+            self.recorded.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The engine's progress: how many ops started or ended (the tracker's
+    /// count, plus one for each look that found recorded ops had), and how
+    /// long ago the last did, as of `now`. Recorded ops are dated by the
+    /// look that saw them: up to a tick late, so a hang of a replay is
+    /// reported up to a tick later than one of pushed ops.
+    pub(crate) fn progress(&self, tracker: &Tracker, now: Instant) -> (u64, Duration) {
+        let (ops, quiet) = tracker.progress();
+        let mut seen = self.seen.lock();
+        // Relaxed: the flag orders nothing; a raise this misses is seen by
+        // the next look.
+        if self.recorded.swap(false, Ordering::Relaxed) {
+            seen.looks += 1;
+            seen.last = Some(now);
+        }
+        let recorded_quiet = seen
+            .last
+            .map_or(quiet, |last| now.saturating_duration_since(last));
+        (ops + seen.looks, quiet.min(recorded_quiet))
     }
 
     /// How long ops may be pending with none starting or ending before
@@ -156,9 +216,9 @@ impl Stall {
 
 #[cfg(test)]
 mod tests {
-    use super::{Stall, hang_message};
-    use crate::trace::{Cycle, Diagnostics, Needs};
-    use std::time::Duration;
+    use super::{Stall, Watchdog, hang_message};
+    use crate::trace::{Cycle, Diagnostics, Needs, Tracker};
+    use std::time::{Duration, Instant};
 
     #[test]
     fn a_report_with_a_cycle_is_called_a_deadlock() {
@@ -185,6 +245,25 @@ mod tests {
     }
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn recorded_runs_are_progress_once_per_look() {
+        let tracker = Tracker::new(Box::new([]));
+        let dog = Watchdog::new(100 * MS, None);
+        let t0 = Instant::now() + 1000 * MS;
+        let (before, _) = dog.progress(&tracker, t0);
+        // Any number of runs between two looks: one step of progress, dated
+        // by the look.
+        dog.recorded_ran();
+        dog.recorded_ran();
+        let (p, quiet) = dog.progress(&tracker, t0 + 10 * MS);
+        assert_eq!((p, quiet), (before + 1, Duration::ZERO));
+        // None since: no progress, and quiet since that look at most (the
+        // tracker's own quiet is shorter here).
+        let (p, quiet) = dog.progress(&tracker, t0 + 30 * MS);
+        assert_eq!(p, before + 1);
+        assert!(quiet <= 20 * MS, "{quiet:?}");
+    }
 
     #[test]
     fn reports_once_per_stall() {
