@@ -20,6 +20,7 @@ mod backend;
 mod capture;
 #[cfg(feature = "mpi")]
 pub(crate) mod comm;
+pub(crate) mod context;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
@@ -592,7 +593,7 @@ impl StreamDevice {
             ));
         }
         let lanes = compute + 2;
-        let wake = poller::Wake::new();
+        let wake = poller::Wake::new(name);
         let gpu = match spec {
             Spec::Sim { .. } => {
                 Gpu::Sim(sim::SimGpu::new(name, lanes, wake.nudger()).map_err(|e| e.to_string())?)
