@@ -431,7 +431,10 @@ impl Drop for VarHold {
 /// they still run on it; its value is dropped (with the units it holds,
 /// [`OpBuilder::allocates`]) when the last of them retires, on the thread
 /// that retires it, before that op's handle resolves; with none pending
-/// (and no graph), at once. Nothing leaks, and no
+/// (and no graph), at once. (Except a value a stream device's op touched:
+/// dropped on a thread that does not keep that device's context current,
+/// it goes to the device's poller, and is dropped there soon after: see
+/// [`Stream::cuda`](crate::Stream).) Nothing leaks, and no
 /// [`delete_var`](crate::Engine::delete_var) is needed. (A value whose
 /// drop panics there is reported by [`wait_all`](crate::Engine::wait_all)
 /// as a failure of that op.)
