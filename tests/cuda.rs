@@ -458,6 +458,64 @@ fn a_captured_graph_runs_its_bodies_once_and_launches_per_replay() {
     });
 }
 
+/// A `CudaSlice` allocated on an engine lane whose last holder is a host op:
+/// dropped on the host worker (no context current there) its free would
+/// fail, and cudarc would park the error on the engine's context for the
+/// next call through it, failing the device's next body. The engine drops
+/// it on the device's poller instead, so the next body allocates cleanly.
+#[test]
+fn a_slice_last_held_by_a_host_op_is_freed_without_failing_the_next_body() {
+    let name = "a_slice_last_held_by_a_host_op_is_freed_without_failing_the_next_body";
+    on_gpu(name, 60, |g| {
+        let x: Var<Option<CudaSlice<u32>>> = g.engine.var(None);
+        let k = x.key();
+        // Allocated through the engine's stream: the slice frees on it,
+        // with the engine's context (and parks its errors there).
+        g.engine
+            .op()
+            .on(g.gpu)
+            .mutates(&[&x])
+            .run(move |ctx| {
+                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+                *ctx.write(k)? = Some(stream.alloc_zeros::<u32>(1 << 10)?);
+                Ok(())
+            })
+            .unwrap()
+            .wait()
+            .unwrap();
+        // A host op holds it while the last handle goes: it is the last
+        // holder, retiring on a pool worker.
+        let (open, shut) = gate();
+        let len = g
+            .engine
+            .push(&[&x], &[], move |ctx| {
+                shut.pass();
+                Ok(ctx.read(k)?.as_ref().map_or(0, |s| s.len()))
+            })
+            .unwrap();
+        drop(x);
+        open.send(()).unwrap();
+        assert_eq!(len.wait().unwrap(), 1 << 10);
+        // The next body's first cudarc call takes any parked error.
+        let next = g.engine.var(());
+        let got = g
+            .engine
+            .op()
+            .on(g.gpu)
+            .mutates(&[&next])
+            .run(|ctx| {
+                let stream = ctx.stream()?.cuda().expect("a CUDA stream").clone();
+                let y = stream.alloc_zeros::<u32>(4)?;
+                ctx.stream()?.drop_after(y);
+                Ok(())
+            })
+            .unwrap()
+            .wait();
+        assert!(got.is_ok(), "the next body failed: {got:?}");
+        g.engine.wait_all().wait().unwrap();
+    });
+}
+
 /// A recorded graph's device buffers on a CUDA device: one arena taken
 /// with `cuMemAllocAsync` by the first replay, two buffers sharing it
 /// (the second is written only after the first was copied back), kernels

@@ -16,7 +16,7 @@ use common::streams::{
     failed, gated_store, host_fn, poisoned, poisoned_input, read_on_host, update,
 };
 use common::{Mem, gate, gpu_engine, within};
-use depflow::stream::SimMemory;
+use depflow::stream::{SimMemory, SimView};
 use depflow::{Engine, Error, Executor, Lane, Var};
 
 #[test]
@@ -739,6 +739,98 @@ fn memory_dropped_in_a_body_is_freed_under_earlier_work() {
 fn memory_handed_to_drop_after_outlives_earlier_work() {
     within(60, || {
         assert_eq!(replace_memory_under_a_reader(true).unwrap(), 28);
+    });
+}
+
+/// A variable of simulated device memory that a stream op on `gpu` wrote
+/// (so its value is the device's), and a view of the memory.
+fn device_memory(engine: &Engine, gpu: depflow::Device) -> (Var<SimMemory<u32>>, SimView<u32>) {
+    let memory = SimMemory::new(vec![1u32; 4]);
+    let view = memory.view();
+    let buf = engine.var(memory);
+    let k = buf.key();
+    engine
+        .op()
+        .on(gpu)
+        .mutates(&[&buf])
+        .run(move |ctx| {
+            let v = ctx.write(k)?.view();
+            ctx.stream()?
+                .simulate(move || v.with(|x| x[0] += 1))
+                .map_err(Into::into)
+        })
+        .unwrap()
+        .wait()
+        .unwrap();
+    (buf, view)
+}
+
+/// Where `view`'s memory was freed, once it was (within 10 s).
+fn freed_in(view: &SimView<u32>) -> Option<String> {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(context) = view.freed_in_context() {
+            return context;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "the memory was never freed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_device_value_last_held_by_a_host_op_is_freed_on_the_device_s_poller() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (buf, view) = device_memory(&engine, gpu);
+        let k = buf.key();
+        let (open, shut) = gate();
+        // A host op reads it, held on a worker while the last handle goes:
+        // it retires last, on the worker, which keeps no device context.
+        let read = engine
+            .push(&[&buf], &[], move |ctx| {
+                shut.pass();
+                Ok(ctx.read(k)?.with(|x| x[0]))
+            })
+            .unwrap();
+        drop(buf);
+        open.send(()).unwrap();
+        assert_eq!(read.wait().unwrap(), 2);
+        // Freed where a CUDA free succeeds: on the device's poller.
+        assert_eq!(freed_in(&view).as_deref(), Some("gpu"));
+    });
+}
+
+#[test]
+fn a_device_value_whose_last_handle_goes_on_the_user_s_thread_is_freed_on_the_poller() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (buf, view) = device_memory(&engine, gpu);
+        drop(buf);
+        assert_eq!(freed_in(&view).as_deref(), Some("gpu"));
+        drop(engine);
+    });
+}
+
+#[test]
+fn a_host_value_and_a_device_value_outliving_its_engine_are_freed_where_they_go() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        // Only host ops touched it: not the device's, freed at once, here.
+        let memory = SimMemory::new(vec![0u32; 4]);
+        let host_view = memory.view();
+        let host = engine.var(memory);
+        engine.wait_for_var(&host).wait().unwrap();
+        drop(host);
+        assert_eq!(host_view.freed_in_context(), Some(None));
+        // The device's, but its poller is gone with the engine: freed here
+        // (nothing is left to free it on), not leaked.
+        let (buf, view) = device_memory(&engine, gpu);
+        drop(engine);
+        drop(buf);
+        assert_eq!(view.freed_in_context(), Some(None));
     });
 }
 

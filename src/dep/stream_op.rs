@@ -82,9 +82,13 @@ impl OpBlock {
     }
 
     /// Publishes the op's fence in its variables: a write's replaces what
-    /// the variable waited for, a read's joins the reads.
+    /// the variable waited for, a read's joins the reads. The variables'
+    /// values are the device's from now on (see `var`: where a value is
+    /// dropped).
     pub(super) fn publish(&self, fence: &Arc<Fence>) {
+        let device = fence.event().poller();
         for e in self.edges() {
+            e.var.touched_by(device, e.is_write());
             if e.is_write() {
                 e.var.fences().set_write(fence.clone());
             } else {

@@ -18,13 +18,24 @@
 //!
 //! | field | written by | read by |
 //! | --- | --- | --- |
-//! | `engine`, `id`, `release` | creation | anyone |
+//! | `engine`, `id`, `release`, `take_value` | creation | anyone |
 //! | `deleted` | the pusher of a delete (`swap`) | pushers |
 //! | `chain` | see `core::chain` | |
 //! | `version` | the op holding the write grant | anyone (a snapshot) |
 //! | `state`, `held` | the op holding the write grant; `Drop` | ops holding a grant |
 //! | `fences` | ops holding a grant (under its lock) | ops holding a grant |
+//! | `device` | stream ops holding a grant (`Written::touched_by`) | `Drop` |
 //! | the value | the op holding the write grant | ops holding a grant |
+//!
+//! # Where the value is dropped
+//!
+//! Where the variable's last reference goes (an op retiring, the last
+//! [`Var`] handle dropped), except for a value a stream device touched
+//! (`device`, set only by stream ops): dropped on a thread that does not
+//! keep that device's context current (a host op's worker, the user's
+//! thread), it goes to the device's poller, with the units the variable
+//! holds (given back after it), to be dropped there (`device::context`):
+//! a `CudaSlice` is freed with the context current on the dropping thread.
 
 // `unsafe`: type-erased variables, and their state under the chain's grants; each block says why it
 // is sound.
@@ -38,7 +49,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::block::OpBlock;
 use crate::core::chain::Chain;
-use crate::device::VarFences;
+use crate::device::context::{self, DeviceOf};
+use crate::device::poller::Wake;
+use crate::device::{Deferred, VarFences};
 use crate::error::{OpFailure, VarId, names};
 use crate::loom::cell::UnsafeCell;
 use crate::resource::{Held, Resource, Revocable};
@@ -70,6 +83,9 @@ pub struct VarCore {
     graph: u64,
     /// Drops one strong reference to the `Arc<VarInner<T>>` this core heads.
     release: unsafe fn(NonNull<VarCore>),
+    /// Takes the value of the `VarInner<T>` this core heads, with the units
+    /// the variable holds, to drop elsewhere (see [`take_value`]).
+    take_value: unsafe fn(NonNull<VarCore>) -> Option<Deferred>,
     /// A delete has been pushed: later pushes are refused.
     deleted: AtomicBool,
     /// Its id has a name in `error::names`, to forget when it is freed.
@@ -93,6 +109,9 @@ pub(crate) struct Written {
     /// Device work on the variable that host access must wait for (see
     /// `core::fence`); empty unless a stream device touched it.
     fences: VarFences,
+    /// The stream device the value belongs to, if one touched it (module
+    /// docs: where the value is dropped).
+    device: DeviceOf,
 }
 
 // SAFETY: `state` and `held` are accessed only under the chain's grants (see
@@ -127,6 +146,15 @@ impl VarCore {
     #[inline]
     pub(crate) fn fences(&self) -> &VarFences {
         &self.chain.payload().fences
+    }
+
+    /// A stream op of the device whose poller is `device` touched the
+    /// variable (`write`: mutated it), holding its grant: the value is
+    /// that device's from now on (a read's device counts only if there is
+    /// none), and is dropped on its poller (module docs).
+    #[inline]
+    pub(crate) fn touched_by(&self, device: &Arc<Wake>, write: bool) {
+        self.chain.payload().device.touched_by(device, write);
     }
 
     pub(crate) fn version(&self) -> u64 {
@@ -278,10 +306,46 @@ unsafe impl<T: Send + Sync> Send for VarInner<T> {}
 
 impl<T> Drop for VarInner<T> {
     fn drop(&mut self) {
+        if self.core.value_drops
+            && let Some(device) = self.core.chain.payload().device.take()
+            && !context::is_current(&device)
+        {
+            // A stream device's value, dropped elsewhere: on its poller
+            // instead (module docs), with the units, which go back after it.
+            // SAFETY: this core heads this `VarInner<T>`, whose `take_value`
+            // was made for `T`; `&mut self`: nothing else reaches it. The
+            // pointer is the whole allocation's.
+            let taken = unsafe { (self.core.take_value)(NonNull::from(&mut *self).cast()) };
+            if let Some(taken) = taken
+                && let Err(back) = device.defer(taken)
+            {
+                drop(back); // the device was shut down: here, as before
+            }
+            return;
+        }
         // The value first: the units the variable holds (dropped with the
         // core) stand for its memory, so they go back only once it is freed.
         drop(self.value.get_mut().take());
     }
+}
+
+/// Takes the value of an `Arc<VarInner<T>>` being dropped, given its core,
+/// with the units the variable holds: one box that drops the value, then
+/// gives the units back.
+///
+/// # Safety
+///
+/// `core` points to a `VarInner<T>` that the caller has exclusive access
+/// to (it is being dropped), with the whole allocation's provenance.
+unsafe fn take_value<T: Send + 'static>(core: NonNull<VarCore>) -> Option<Deferred> {
+    // SAFETY: as the caller promises; `VarInner` is `repr(C)` with the core
+    // first.
+    let inner = unsafe { &mut *core.as_ptr().cast::<VarInner<T>>() };
+    let value = inner.value.get_mut().take()?;
+    // SAFETY: exclusive, as above.
+    let units = unsafe { inner.core.take_units() };
+    // A tuple drops its fields in order: the value, then the units.
+    Some(Box::new((value, units)))
 }
 
 /// Drops one strong reference to an `Arc<VarInner<T>>` given its core.
@@ -367,7 +431,10 @@ impl Drop for VarHold {
 /// they still run on it; its value is dropped (with the units it holds,
 /// [`OpBuilder::allocates`]) when the last of them retires, on the thread
 /// that retires it, before that op's handle resolves; with none pending
-/// (and no graph), at once. Nothing leaks, and no
+/// (and no graph), at once. (Except a value a stream device's op touched:
+/// dropped on a thread that does not keep that device's context current,
+/// it goes to the device's poller, and is dropped there soon after: see
+/// [`Stream::cuda`](crate::Stream).) Nothing leaks, and no
 /// [`delete_var`](crate::Engine::delete_var) is needed. (A value whose
 /// drop panics there is reported by [`wait_all`](crate::Engine::wait_all)
 /// as a failure of that op.)
@@ -442,6 +509,7 @@ impl<T: Send + Sync + 'static> Var<T> {
             id,
             graph,
             release: release::<T>,
+            take_value: take_value::<T>,
             deleted: AtomicBool::new(false),
             named,
             value_drops: std::mem::needs_drop::<T>(),
@@ -450,6 +518,7 @@ impl<T: Send + Sync + 'static> Var<T> {
                 state: UnsafeCell::new(VarState::Live),
                 held: UnsafeCell::new(Held::new(id)),
                 fences: VarFences::default(),
+                device: DeviceOf::default(),
             }),
         };
         Self {

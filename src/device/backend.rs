@@ -467,6 +467,12 @@ impl Backend {
 }
 
 impl Event {
+    /// The poller of the event's device: where values of the device go to
+    /// be dropped (see `context`).
+    pub(crate) fn poller(&self) -> &Arc<Wake> {
+        &self.backend.wake
+    }
+
     fn raw(&self) -> &Raw {
         self.raw
             .as_ref()

@@ -3,6 +3,11 @@
 //! [`SimView`]s, and a view used after its memory was dropped (or while it
 //! is dropped) fails instead of reading freed memory, as a real GPU would
 //! silently. What a CUDA device's `CudaSlice` is, without the silence.
+//!
+//! A free also records where it ran: on a thread keeping a stream device's
+//! context current (its poller, see `context`), or on another thread, where
+//! a `CudaSlice`'s free would fail for want of a current context
+//! ([`SimView::freed_in_context`]).
 
 use std::sync::Arc;
 
@@ -12,6 +17,9 @@ use crate::loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
 struct Allocation<T> {
     data: Mutex<Vec<T>>,
     freed: AtomicBool,
+    /// Set by the free: the device whose context the freeing thread kept
+    /// current, if any.
+    context: Mutex<Option<Option<Arc<str>>>>,
 }
 
 /// An allocation of the simulated device's memory: dropping it frees it,
@@ -44,6 +52,7 @@ impl<T> SimMemory<T> {
                 allocation: Arc::new(Allocation {
                     data: Mutex::new(data),
                     freed: AtomicBool::new(false),
+                    context: Mutex::new(None),
                 }),
             },
         }
@@ -62,6 +71,7 @@ impl<T> SimMemory<T> {
 
 impl<T> Drop for SimMemory<T> {
     fn drop(&mut self) {
+        *self.view.allocation.context.lock() = Some(super::context::current_name());
         self.view.allocation.freed.store(true, SeqCst);
     }
 }
@@ -83,6 +93,27 @@ impl<T> SimView<T> {
             return Err("use after free: the memory was dropped during this use".into());
         }
         Ok(r)
+    }
+
+    /// Where the memory was freed: `None` while it is not; then
+    /// `Some(Some(name))` if the freeing thread kept stream device `name`'s
+    /// context current (its poller: where a CUDA device's free succeeds),
+    /// or `Some(None)` if it kept none (a host op's worker, the user's
+    /// thread: where a `CudaSlice`'s free fails, the error parked for the
+    /// device's next body).
+    ///
+    /// ```
+    /// use depflow::stream::SimMemory;
+    ///
+    /// let memory = SimMemory::new(vec![0u8; 4]);
+    /// let view = memory.view();
+    /// assert_eq!(view.freed_in_context(), None);
+    /// drop(memory); // on this thread, which keeps no device's context
+    /// assert_eq!(view.freed_in_context(), Some(None));
+    /// ```
+    pub fn freed_in_context(&self) -> Option<Option<String>> {
+        let context = self.allocation.context.lock();
+        context.as_ref().map(|c| c.as_deref().map(str::to_string))
     }
 }
 

@@ -20,6 +20,7 @@ mod backend;
 mod capture;
 #[cfg(feature = "mpi")]
 pub(crate) mod comm;
+pub(crate) mod context;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
@@ -516,10 +517,14 @@ impl Stream {
     ///   (cudarc does not make it current for the drop). The device's
     ///   launcher and poller threads keep its context current, so what the
     ///   engine drops there is freed properly: a body's values, and the
-    ///   variables of stream ops, which go when their last op completes. A
-    ///   slice dropped elsewhere (by a host op's worker, or your thread)
-    ///   needs the context current there: `ctx.bind_to_thread()`, e.g. on a
-    ///   pool's workers with
+    ///   variables of stream ops, which go when their last op completes.
+    ///   The value of a variable a stream op touched goes to the device's
+    ///   poller wherever else its last holder goes (a host op retiring on
+    ///   a worker, the last `Var` dropped on your thread), and is dropped
+    ///   there soon after. A slice the engine does not drop (one your host
+    ///   op's body replaces or drops, one `delete_var` hands your closure)
+    ///   needs the context current where it is dropped:
+    ///   `ctx.bind_to_thread()`, e.g. on a pool's workers with
     ///   [`Executor::on_thread_start`](crate::Executor::on_thread_start).
     ///   Allocate from an engine lane rather than the null stream
     ///   (`ctx.default_stream()`), which the engine's lanes do not wait for.
@@ -592,7 +597,7 @@ impl StreamDevice {
             ));
         }
         let lanes = compute + 2;
-        let wake = poller::Wake::new();
+        let wake = poller::Wake::new(name);
         let gpu = match spec {
             Spec::Sim { .. } => {
                 Gpu::Sim(sim::SimGpu::new(name, lanes, wake.nudger()).map_err(|e| e.to_string())?)

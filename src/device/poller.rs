@@ -62,6 +62,10 @@ pub(crate) struct Entry {
 #[derive(Default)]
 struct State {
     incoming: Vec<Entry>,
+    /// Values to drop on the poller's thread ([`Wake::defer`]).
+    dropping: Vec<Deferred>,
+    /// The poller thread has returned: it drops nothing more.
+    exited: bool,
     /// Something happened that a sleeping poller should look at: an event
     /// reached, a first waiter.
     nudged: bool,
@@ -71,6 +75,8 @@ struct State {
 /// Where new fences and nudges reach the poller thread.
 #[derive(Default)]
 pub(crate) struct Wake {
+    /// The device's name.
+    name: Arc<str>,
     state: Mutex<State>,
     cv: Condvar,
     /// Fences in flight with a waiter: counted up by their first waiter
@@ -82,8 +88,32 @@ pub(crate) struct Wake {
 }
 
 impl Wake {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::default()
+    pub(crate) fn new(name: &str) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.into(),
+            ..Self::default()
+        })
+    }
+
+    /// The device's name.
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Drops `value` on the poller's thread, which keeps the device's
+    /// context current (see `context`), soon; or hands it back if the
+    /// poller has exited (the device was shut down), for the caller to
+    /// drop. A panic of its drop is caught there and printed: the poller
+    /// must go on, and no op is left to fail.
+    pub(crate) fn defer(&self, value: Deferred) -> Result<(), Deferred> {
+        let mut state = self.lock();
+        if state.exited {
+            return Err(value);
+        }
+        state.dropping.push(value);
+        drop(state);
+        self.cv.notify_one();
+        Ok(())
     }
 
     /// A function that wakes the poller (an event was reached).
@@ -216,14 +246,15 @@ impl Backoff {
     }
 }
 
-fn run(wake: &Wake, device: &Backend, lanes: usize) {
+fn run(wake: &Arc<Wake>, device: &Backend, lanes: usize) {
     let _device = super::DeviceThread::enter();
+    let _context = super::context::enter(wake);
     device.enter_thread();
     let mut in_flight: Vec<VecDeque<Entry>> = (0..lanes).map(|_| VecDeque::new()).collect();
     let mut count = 0usize;
     let mut backoff = Backoff::new();
     loop {
-        {
+        let dropping = {
             let mut state = wake.lock();
             loop {
                 if !state.incoming.is_empty() {
@@ -233,10 +264,13 @@ fn run(wake: &Wake, device: &Backend, lanes: usize) {
                     in_flight[usize::from(e.fence.lane())].push_back(e);
                     count += 1;
                 }
-                if count > 0 {
+                if count > 0 || !state.dropping.is_empty() {
                     break;
                 }
                 if state.stop {
+                    // From now on `defer` hands values back to their
+                    // senders; none is left here (checked just above).
+                    state.exited = true;
                     return;
                 }
                 state.nudged = false;
@@ -245,6 +279,11 @@ fn run(wake: &Wake, device: &Backend, lanes: usize) {
             if std::mem::take(&mut state.nudged) {
                 backoff.reset();
             }
+            std::mem::take(&mut state.dropping)
+        };
+        drop_deferred(wake, dropping);
+        if count == 0 {
+            continue;
         }
         let done = round(device, wake, &mut in_flight);
         count -= done;
@@ -260,10 +299,25 @@ fn run(wake: &Wake, device: &Backend, lanes: usize) {
             Pause::Yield => std::thread::yield_now(),
             Pause::Sleep(sleep) => {
                 let state = wake.lock();
-                if state.incoming.is_empty() && !state.nudged {
+                if state.incoming.is_empty() && state.dropping.is_empty() && !state.nudged {
                     drop(wake.cv.wait_timeout(state, sleep));
                 }
             }
+        }
+    }
+}
+
+/// Drops the values handed to [`Wake::defer`], each on its own: a panic
+/// is printed (no op is left to fail with it) and the others still go.
+fn drop_deferred(wake: &Wake, dropping: Vec<Deferred>) {
+    for value in dropping {
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(value)));
+        if let Err(p) = dropped {
+            eprintln!(
+                "depflow: a variable's value, dropped on device {:?}'s poller, panicked: {}",
+                wake.name,
+                crate::error::panic_message(p.as_ref())
+            );
         }
     }
 }
