@@ -128,6 +128,7 @@ impl Stream {
 
     /// The device stream this stream's work goes to: its lane's, or while
     /// capturing, the device's capture stream.
+    #[cfg(feature = "cuda")]
     pub(super) fn issue_lane(&self) -> u8 {
         self.capture.as_ref().map_or(self.lane, |c| c.on)
     }
