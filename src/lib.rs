@@ -269,7 +269,9 @@ pub mod __loom {
     pub use crate::core::generations::{Generations, Signal};
     pub use crate::core::replay::{Countdowns, Left, Satisfied};
     pub use crate::core::room::Room;
-    pub use crate::core::tickets::{Broker, Demand, Granted, Request};
+    pub use crate::core::tickets::{
+        Asked, Broker, Demand, Granted, Park, Request, Unpark, Withdrawn,
+    };
     pub use crate::dep::testing::{
         Handle, Harness, Hook, exit_thread, holds_pushed_ops, reclaim_finished,
     };

@@ -22,7 +22,7 @@ use super::host::{Host, Units};
 use super::poison::Skip;
 use super::units::{OpUnits, Returns};
 use crate::core::chain::{Grant, Owner};
-use crate::core::tickets::{Demand, Request};
+use crate::core::tickets::{Demand, Park, Request, Unpark};
 use crate::error::{Error, FailureKind, OpFailure};
 use crate::loom::sync::atomic::Ordering::{AcqRel, Relaxed};
 
@@ -107,6 +107,38 @@ impl Request for Runner {
     fn demands(&self) -> &[Demand] {
         self.metadata().units().map_or(&[], OpUnits::as_request)
     }
+
+    #[inline]
+    fn park(&self) -> Park {
+        self.metadata().park()
+    }
+
+    #[inline]
+    fn unpark(&self) -> Unpark {
+        self.metadata().unpark()
+    }
+}
+
+/// A cancel found `op` parked in its host's broker, held there (see
+/// `start`): takes it out, giving up its tickets, and dispatches it; it
+/// runs, skipped as cancelled, and finishes at once, handing its variables
+/// on. What giving up its tickets lets through is dispatched first.
+pub(super) fn withdraw<H: Host>(op: &OpBlock) {
+    // SAFETY: `spawn::<_, H>` set this function for this op. The op is
+    // parked and held in its host's broker, so pending: its host is alive
+    // until it retires, which it cannot before the dispatch below.
+    let host = unsafe { host::<H>(op) };
+    let units = op.units().expect("an op parked for units has some");
+    let pools = units.demands().map(|(resource, _)| resource.pool());
+    let withdrawn = host
+        .broker()
+        .withdraw(pools, |r| std::ptr::eq(r.metadata(), op));
+    let runner = withdrawn
+        .request
+        .expect("a cancelled op held in the broker stays there until its cancel takes it out");
+    op.unmark_parked();
+    host.dispatch_granted(withdrawn.granted, Units::Op(op));
+    host.dispatch(runner, false);
 }
 
 /// The schedule function of every op's task: wakes of async ops land here.
