@@ -399,3 +399,62 @@ fn cancelling_one_op_breaks_a_units_deadlock() {
         assert_eq!(memory.in_use(), 0);
     });
 }
+
+/// Issue 35, item 2: the engine's own ops poison nothing when cancelled. A
+/// cancelled `clear_poison` leaves its variable as it was: a healthy one
+/// healthy (its value intact), a poisoned one poisoned by the original
+/// failure, not by the cancel. A cancelled `delete_var` leaves its
+/// variable deleted (later pushes are refused) but not poisoned, and
+/// `wait_all` reports neither.
+#[test]
+fn cancelled_own_ops_poison_nothing() {
+    within(60, || {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let gate = engine.new_var();
+        let (release, held) = mpsc::channel::<()>();
+        // Holds `gate`; each op below waits behind it through its variable.
+        let (v, w) = (engine.var(7), engine.var(1));
+        engine
+            .push(&[], &[&gate, &v, &w], move |_| Ok(held.recv()?))
+            .unwrap();
+        let failing = engine
+            .push(&[], &[&w], |_| Err::<(), _>("bad batch".into()))
+            .unwrap();
+        let clear_healthy = engine.clear_poison(&v).unwrap();
+        let clear_poisoned = engine.clear_poison(&w).unwrap();
+        assert!(clear_healthy.cancel());
+        assert!(clear_poisoned.cancel());
+        release.send(()).unwrap();
+        assert!(failing.wait().is_err());
+        assert!(matches!(clear_healthy.wait(), Err(Error::Cancelled)));
+        assert!(matches!(clear_poisoned.wait(), Err(Error::Cancelled)));
+        assert_eq!(engine.get(&v).wait().unwrap(), 7, "a healthy variable stays so");
+        match engine.get(&w).wait() {
+            Err(Error::Poisoned { cause, .. }) => {
+                assert!(
+                    cause.to_string().contains("bad batch"),
+                    "the original failure stays: {cause}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match engine.wait_all().wait() {
+            Err(Error::Failures { count: 1, .. }) => {} // `failing` only
+            other => panic!("{other:?}"),
+        }
+
+        // A cancelled delete: the variable stays deleted, its value with
+        // it until its last handle goes, and nothing is reported.
+        let (release, held) = mpsc::channel::<()>();
+        let x = engine.var(3);
+        engine
+            .push(&[], &[&gate, &x], move |_| Ok(held.recv()?))
+            .unwrap();
+        let delete = engine.delete_var(&x, drop).unwrap();
+        assert!(delete.cancel());
+        release.send(()).unwrap();
+        assert!(matches!(delete.wait(), Err(Error::Cancelled)));
+        assert!(matches!(engine.get(&x).wait(), Err(Error::Deleted(_))));
+        engine.wait_all().wait().unwrap();
+    });
+}

@@ -162,6 +162,9 @@ pub(super) enum Outcome {
     /// Skipped for an earlier failure on an input: passed on to the
     /// outputs, not reported again.
     Poisoned(Arc<OpFailure>),
+    /// One of the host's own ops (a delete, an un-poisoning) cancelled
+    /// before it ran: its variable is left as it was, unpoisoned.
+    Unchanged,
 }
 
 /// The op finished: poisons what it mutates on failure, then releases its
@@ -169,7 +172,7 @@ pub(super) enum Outcome {
 #[inline]
 pub(super) fn finish<H: Host>(op: &OpBlock, outcome: Outcome, host: &H) {
     match outcome {
-        Outcome::Succeeded => {}
+        Outcome::Succeeded | Outcome::Unchanged => {}
         Outcome::Failed(failure) => {
             op.fail(&failure);
             host.record_failure(failure);
@@ -296,6 +299,14 @@ pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
                 finish(op, Outcome::Failed(failure), host);
             }
             Error::Deleted(var)
+        }
+        Skip::Cancelled if op.is_maintenance() => {
+            // The host's own delete or un-poisoning computes no value: its
+            // variable stays as it was (a delete's stays marked deleted,
+            // its value kept until its last handle goes; a poison stays
+            // with its original cause). (The host's wait mutates nothing.)
+            finish(op, Outcome::Unchanged, host);
+            Error::Cancelled
         }
         Skip::Cancelled => {
             // The outputs were not computed: poisoned, as by a failure; but
