@@ -428,7 +428,11 @@ fn cancelled_own_ops_poison_nothing() {
         assert!(failing.wait().is_err());
         assert!(matches!(clear_healthy.wait(), Err(Error::Cancelled)));
         assert!(matches!(clear_poisoned.wait(), Err(Error::Cancelled)));
-        assert_eq!(engine.get(&v).wait().unwrap(), 7, "a healthy variable stays so");
+        assert_eq!(
+            engine.get(&v).wait().unwrap(),
+            7,
+            "a healthy variable stays so"
+        );
         match engine.get(&w).wait() {
             Err(Error::Poisoned { cause, .. }) => {
                 assert!(
