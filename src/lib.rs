@@ -199,12 +199,18 @@ pub mod stream {
     //! for the poller. Debug builds warn (once) about a body that ran 20 ms
     //! or more on the launcher: bodies there should only enqueue.
     //!
-    //! Errors: a failed launch or a host function's error fails the op like any
-    //! error; an error reported with the event fails the op when the poller sees
-    //! it (once the lane's work is over: the poller synchronises it first), and
-    //! poisons what it mutates. A consumer already enqueued behind a
-    //! failed op's event resolves to [`Error::Poisoned`](crate::Error::Poisoned)
-    //! with the original failure, and passes the poison on. A sticky error
+    //! Errors: a failed launch (the body's `Err`), a host function's error or
+    //! an error reported with the event fails the op ([`Error::Failed`](crate::Error::Failed))
+    //! and poisons what it mutates, but unlike a failure on the host, only
+    //! once the lane's work before its fence is over (the poller
+    //! synchronises it first): the op hands its variables on when its body
+    //! returns, whatever it returned, as every stream op does. So a
+    //! consumer on the same device may be enqueued before the failure is
+    //! known: its body runs (its work is enqueued behind the failed op's
+    //! fence), and it resolves to [`Error::Poisoned`](crate::Error::Poisoned)
+    //! with the original failure, and passes the poison on. A consumer that
+    //! starts once the failure is known (any host op, which waits for the
+    //! fence first) is skipped, its body not run, as on the host. A sticky error
     //! (an illegal address, a trap: the context runs nothing more) kills the
     //! device: every op in flight fails with it, and later ops fail at once
     //! with it, without running their bodies. Shutting a device down waits
@@ -269,7 +275,9 @@ pub mod __loom {
     pub use crate::core::generations::{Generations, Signal};
     pub use crate::core::replay::{Countdowns, Left, Satisfied};
     pub use crate::core::room::Room;
-    pub use crate::core::tickets::{Broker, Demand, Granted, Request};
+    pub use crate::core::tickets::{
+        Asked, Broker, Demand, Granted, Park, Request, Unpark, Withdrawn,
+    };
     pub use crate::dep::testing::{
         Handle, Harness, Hook, exit_thread, holds_pushed_ops, reclaim_finished,
     };

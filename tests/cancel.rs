@@ -263,3 +263,202 @@ fn a_finished_op_stays_started() {
     assert!(op.is_started());
     assert!(!op.cancel());
 }
+
+/// Issue 35, item 1: an op parked for its units (its variables granted
+/// it, its units held by a blocked op) finishes at once when cancelled,
+/// taking no units, instead of staying parked until they free; what it
+/// mutates is poisoned, the next op on its variable goes on, and once the
+/// blocker ends the units are all back.
+#[test]
+fn cancelling_an_op_parked_for_units_finishes_it_at_once() {
+    within(60, || {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let slot = engine.new_resource("slot", 1);
+        let (release, gate) = mpsc::channel::<()>();
+        let held = engine.new_var();
+        let holder = engine
+            .op()
+            .mutates(&[&held])
+            .uses(&slot, 1)
+            .run(move |_| Ok(gate.recv()?))
+            .unwrap();
+        while !holder.is_started() {
+            std::thread::yield_now();
+        }
+        let v = engine.new_var();
+        let ran = Arc::new(AtomicBool::new(false));
+        let mut parked = engine
+            .op()
+            .mutates(&[&v])
+            .uses(&slot, 1)
+            .run({
+                let ran = ran.clone();
+                move |_| {
+                    ran.store(true, SeqCst);
+                    Ok(())
+                }
+            })
+            .unwrap();
+        // Its variable granted it: it waits for the slot only.
+        let mut after = engine.push(&[], &[&v], |_| Ok(())).unwrap();
+        assert!(parked.cancel());
+        match parked.wait_timeout(Duration::from_secs(3)) {
+            Err(Error::Cancelled) => {}
+            other => panic!("a cancelled op parked for units: {other:?}"),
+        }
+        // It handed `v` on (poisoned, as by any cancel) without the slot.
+        assert!(matches!(
+            after.wait_timeout(Duration::from_secs(3)),
+            Err(Error::Poisoned { .. })
+        ));
+        assert_eq!(slot.in_use(), 1, "the holder still has the slot");
+        release.send(()).unwrap();
+        holder.wait().unwrap();
+        engine.wait_all().wait().unwrap();
+        assert!(!ran.load(SeqCst));
+        assert_eq!(slot.in_use(), 0);
+    });
+}
+
+/// A parked op that allocates (lasting units, which wait for every older
+/// request's turn) gives up its place in line when cancelled: a younger
+/// allocation behind it is granted once the units free, not held forever
+/// behind the cancelled op's ticket.
+#[test]
+fn a_cancelled_parked_allocation_gives_up_its_turn() {
+    within(60, || {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let memory = engine.new_resource("memory", 1);
+        let (release, gate) = mpsc::channel::<()>();
+        let held = engine.new_var();
+        let holder = engine
+            .op()
+            .mutates(&[&held])
+            .uses(&memory, 1)
+            .run(move |_| Ok(gate.recv()?))
+            .unwrap();
+        while !holder.is_started() {
+            std::thread::yield_now();
+        }
+        let (older, younger) = (engine.new_var(), engine.new_var());
+        let mut cancelled = engine
+            .op()
+            .mutates(&[&older])
+            .allocates(&memory, 1, &older)
+            .run(|_| Ok(()))
+            .unwrap();
+        let mut next = engine
+            .op()
+            .mutates(&[&younger])
+            .allocates(&memory, 1, &younger)
+            .run(|_| Ok(()))
+            .unwrap();
+        assert!(cancelled.cancel());
+        assert!(matches!(
+            cancelled.wait_timeout(Duration::from_secs(3)),
+            Err(Error::Cancelled)
+        ));
+        release.send(()).unwrap();
+        next.wait_timeout(Duration::from_secs(3)).unwrap();
+        assert_eq!(memory.in_use(), 1, "`younger` holds its allocation");
+        engine.delete_var(&younger, drop).unwrap().wait().unwrap();
+        assert_eq!(memory.in_use(), 0);
+    });
+}
+
+/// The `Cycle` docs' remedy for a units deadlock: cancel one of its ops.
+/// Here `use` waits for units that `buf` holds, which only the delete
+/// pushed after it gives back, and the delete waits for `use` through
+/// `buf`; cancelling `use` lets the delete run and the units come back.
+#[test]
+fn cancelling_one_op_breaks_a_units_deadlock() {
+    within(60, || {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let memory = engine.new_resource("memory", 1);
+        let buf = engine.new_var();
+        common::units::allocate(&engine, &memory, 1, &buf);
+        let out = engine.new_var();
+        let mut stuck = engine
+            .op()
+            .reads(&[&buf])
+            .mutates(&[&out])
+            .uses(&memory, 1)
+            .run(|_| Ok(()))
+            .unwrap();
+        let mut delete = engine.delete_var(&buf, drop).unwrap();
+        assert!(matches!(
+            delete.wait_timeout(Duration::from_millis(100)),
+            Err(Error::TimedOut { .. })
+        ));
+        assert!(stuck.cancel());
+        assert!(matches!(
+            stuck.wait_timeout(Duration::from_secs(3)),
+            Err(Error::Cancelled)
+        ));
+        delete.wait_timeout(Duration::from_secs(3)).unwrap();
+        assert_eq!(memory.in_use(), 0);
+    });
+}
+
+/// Issue 35, item 2: the engine's own ops poison nothing when cancelled. A
+/// cancelled `clear_poison` leaves its variable as it was: a healthy one
+/// healthy (its value intact), a poisoned one poisoned by the original
+/// failure, not by the cancel. A cancelled `delete_var` leaves its
+/// variable deleted (later pushes are refused) but not poisoned, and
+/// `wait_all` reports neither.
+#[test]
+fn cancelled_own_ops_poison_nothing() {
+    within(60, || {
+        let engine = Engine::builder().threads(2).build().unwrap();
+        let gate = engine.new_var();
+        let (release, held) = mpsc::channel::<()>();
+        // Holds `gate`; each op below waits behind it through its variable.
+        let (v, w) = (engine.var(7), engine.var(1));
+        engine
+            .push(&[], &[&gate, &v, &w], move |_| Ok(held.recv()?))
+            .unwrap();
+        let failing = engine
+            .push(&[], &[&w], |_| Err::<(), _>("bad batch".into()))
+            .unwrap();
+        let clear_healthy = engine.clear_poison(&v).unwrap();
+        let clear_poisoned = engine.clear_poison(&w).unwrap();
+        assert!(clear_healthy.cancel());
+        assert!(clear_poisoned.cancel());
+        release.send(()).unwrap();
+        assert!(failing.wait().is_err());
+        assert!(matches!(clear_healthy.wait(), Err(Error::Cancelled)));
+        assert!(matches!(clear_poisoned.wait(), Err(Error::Cancelled)));
+        assert_eq!(
+            engine.get(&v).wait().unwrap(),
+            7,
+            "a healthy variable stays so"
+        );
+        match engine.get(&w).wait() {
+            Err(Error::Poisoned { cause, .. }) => {
+                assert!(
+                    cause.to_string().contains("bad batch"),
+                    "the original failure stays: {cause}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match engine.wait_all().wait() {
+            Err(Error::Failures { count: 1, .. }) => {} // `failing` only
+            other => panic!("{other:?}"),
+        }
+
+        // A cancelled delete: the variable stays deleted, its value with
+        // it until its last handle goes, and nothing is reported.
+        let (release, held) = mpsc::channel::<()>();
+        let x = engine.var(3);
+        engine
+            .push(&[], &[&gate, &x], move |_| Ok(held.recv()?))
+            .unwrap();
+        let delete = engine.delete_var(&x, drop).unwrap();
+        assert!(delete.cancel());
+        release.send(()).unwrap();
+        assert!(matches!(delete.wait(), Err(Error::Cancelled)));
+        assert!(matches!(engine.get(&x).wait(), Err(Error::Deleted(_))));
+        engine.wait_all().wait().unwrap();
+    });
+}

@@ -968,3 +968,69 @@ fn an_error_settled_behind_a_host_function_waiting_for_the_poller_does_not_hang(
         assert!(failing.contains("dead"), "{failing}");
     });
 }
+
+/// Issue 35, item 3 (what the `stream` docs now say): an op whose body
+/// fails on a stream device (a failed launch, after enqueuing work that
+/// is still running) fails; but it hands its variables on at once, as
+/// every stream op does, so a consumer on the same device is enqueued
+/// before the failure is known: its body runs, and it resolves to
+/// `Error::Poisoned` with the launch's failure once the device work is
+/// over. A consumer that starts after that is skipped, its body not run.
+#[test]
+fn a_consumer_behind_a_failed_launch_runs_its_body_and_is_poisoned() {
+    within(60, || {
+        let (engine, gpu) = gpu_engine(1);
+        let (v, w) = (engine.var(Mem::default()), engine.var(Mem::default()));
+        let (open, shut) = gate();
+        let launch = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(0))
+            .mutates(&[&v])
+            .run(move |ctx| {
+                ctx.stream()?.enqueue(move || {
+                    shut.pass();
+                    Ok(())
+                })?;
+                Err::<(), _>("launch failed".into())
+            })
+            .unwrap();
+        let (ran_tx, ran) = mpsc::channel();
+        let consumer = engine
+            .op()
+            .on(gpu)
+            .lane(Lane::Compute(0))
+            .reads(&[&v])
+            .mutates(&[&w])
+            .run(move |_| {
+                ran_tx.send(()).unwrap();
+                Ok(())
+            })
+            .unwrap();
+        // The launch's work cannot end before the gate opens: the
+        // consumer's body runs meanwhile.
+        ran.recv_timeout(Duration::from_secs(30))
+            .expect("the consumer's body runs behind the failed launch");
+        open.send(()).unwrap();
+        let failure = failed(launch.wait());
+        assert!(failure.to_string().contains("launch failed"), "{failure}");
+        let cause = poisoned(consumer.wait());
+        assert!(Arc::ptr_eq(&cause, &failure), "{cause}");
+        // Once the failure is known, a consumer is skipped.
+        let late_ran = Arc::new(AtomicBool::new(false));
+        let late = engine
+            .op()
+            .on(gpu)
+            .reads(&[&v])
+            .run({
+                let late_ran = late_ran.clone();
+                move |_| {
+                    late_ran.store(true, SeqCst);
+                    Ok(())
+                }
+            })
+            .unwrap();
+        poisoned(late.wait());
+        assert!(!late_ran.load(SeqCst));
+    });
+}

@@ -85,7 +85,7 @@ impl World {
 
     /// Asks for `r`'s units and runs whatever that grants.
     fn request(&self, r: Req, after: &dyn Fn(&World, &Req)) {
-        self.run(self.broker.request(r), after);
+        self.run(self.broker.request(r).granted, after);
     }
 
     fn ran(&self, id: usize) -> usize {

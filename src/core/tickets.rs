@@ -92,6 +92,29 @@
 //! the requests parked at one pool that fit, the oldest arrival is granted
 //! first; [`Broker::for_each_waiting`] lists them all, oldest arrival first.
 //!
+//! # Withdrawing
+//!
+//! A parked request may be withdrawn (its op cancelled): it then leaves
+//! without units, its tickets given up as a retire's are. The request says
+//! so itself, under the broker's lock, with two questions it answers from
+//! a state of its own that the withdrawer changes first (for an op, its
+//! status word: see `dep::start`):
+//!
+//! - about to park ([`Request::park`]): withdrawn already, it does not
+//!   park; [`Broker::request`] gives up its tickets and hands it back
+//!   ([`Asked::withdrawn`]);
+//! - parked and about to be granted ([`Request::unpark`]): withdrawn
+//!   meanwhile, it is *held*: it stays parked, taking nothing, until its
+//!   withdrawer takes it out ([`Broker::withdraw`], which gives up its
+//!   tickets).
+//!
+//! So a withdrawer that found its request parked (the answers and its
+//! change are ordered on the request's state) finds it still in the
+//! broker when it takes the lock, and only it takes it out. A held request
+//! is the one exception to the invariant above, for the moment between the
+//! withdrawer's change and its call: it fits, yet stays parked (and a
+//! rescan looks at it again).
+//!
 //! The state is one mutex per engine: requests and releases are short
 //! critical sections that never run an op, wake a thread or drop user data
 //! (granted requests are handed back to the caller to dispatch after the lock
@@ -137,10 +160,74 @@ impl Demand {
     }
 }
 
-/// What the broker parks: anything that can say what it asks for.
+/// What the broker parks: anything that can say what it asks for, and
+/// that may be withdrawn (cancelled) while it waits.
 pub trait Request {
     /// At most one demand per pool.
     fn demands(&self) -> &[Demand];
+
+    /// The request does not fit and is about to park (called under the
+    /// broker's lock): [`Park::Withdrawn`] if it was withdrawn first (then
+    /// it does not park: see the module docs, *Withdrawing*).
+    #[inline]
+    fn park(&self) -> Park {
+        Park::Parked
+    }
+
+    /// The parked request now fits and is about to be granted (called
+    /// under the broker's lock): [`Unpark::Held`] if it was withdrawn
+    /// while parked (then it stays parked, for its withdrawer to take out
+    /// with [`Broker::withdraw`]).
+    #[inline]
+    fn unpark(&self) -> Unpark {
+        Unpark::Granted
+    }
+}
+
+/// What a request about to park said ([`Request::park`]).
+#[must_use = "a withdrawn request must not park"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Park {
+    /// It parks: from now on only a grant or [`Broker::withdraw`] takes it
+    /// out.
+    Parked,
+    /// It was withdrawn before it parked: the broker gives up its tickets
+    /// and hands it back ([`Asked::withdrawn`]).
+    Withdrawn,
+}
+
+/// What a parked request about to be granted said ([`Request::unpark`]).
+#[must_use = "a withdrawn request must not be granted"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unpark {
+    /// It is granted (and is no longer parked).
+    Granted,
+    /// It was withdrawn while parked: it stays parked, holding nothing,
+    /// until its withdrawer takes it out.
+    Held,
+}
+
+/// What [`Broker::request`] did with a request.
+#[must_use = "granted requests must be dispatched"]
+#[derive(Debug)]
+pub struct Asked<W> {
+    /// The request, if it was granted at once, and the requests its ticket
+    /// let through.
+    pub granted: Granted<W>,
+    /// The request itself, if it was withdrawn before it parked
+    /// ([`Park::Withdrawn`]): it holds nothing and its tickets are given
+    /// up.
+    pub withdrawn: Option<W>,
+}
+
+/// What [`Broker::withdraw`] took out.
+#[must_use = "granted requests must be dispatched"]
+#[derive(Debug)]
+pub struct Withdrawn<W> {
+    /// The request withdrawn, if it was parked here.
+    pub request: Option<W>,
+    /// The requests that giving up its tickets let through.
+    pub granted: Granted<W>,
 }
 
 /// Requests granted by one broker call, for the caller to dispatch once the
@@ -282,8 +369,10 @@ impl<W: Request> Broker<W> {
     }
 
     /// Asks for `w`'s units: returns `w` (and any request its ticket
-    /// unblocked) if granted now, or parks it until a release.
-    pub fn request(&self, w: W) -> Granted<W> {
+    /// unblocked) if granted now, or parks it until a release; or, if it
+    /// does not fit and was withdrawn ([`Request::park`]), gives up its
+    /// tickets and returns it as withdrawn.
+    pub fn request(&self, w: W) -> Asked<W> {
         let mut granted = Granted::default();
         let mut state = self.lock();
         match state.unmet(&w) {
@@ -292,31 +381,63 @@ impl<W: Request> Broker<W> {
                 granted.push(w);
                 state.settle(&mut granted);
             }
-            Some((pool, lasting)) => {
-                let order = state.arrivals | u64::from(lasting);
-                state.arrivals += 2;
-                let p = &mut state.pools[pool];
-                p.lasting += usize::from(lasting);
-                p.parked.push_back(Parked { order, w });
-            }
+            Some((pool, lasting)) => match w.park() {
+                Park::Parked => {
+                    let order = state.arrivals | u64::from(lasting);
+                    state.arrivals += 2;
+                    let p = &mut state.pools[pool];
+                    p.lasting += usize::from(lasting);
+                    p.parked.push_back(Parked { order, w });
+                }
+                Park::Withdrawn => {
+                    state.give_up_tickets(w.demands(), &mut granted);
+                    return Asked {
+                        granted,
+                        withdrawn: Some(w),
+                    };
+                }
+            },
         }
-        granted
+        Asked {
+            granted,
+            withdrawn: None,
+        }
     }
 
     /// Gives up the tickets of a request that will not ask for its units
     /// (its op is skipped), so that younger lasting requests can go on.
     pub fn retire(&self, demands: &[Demand]) -> Granted<W> {
         let mut granted = Granted::default();
+        self.lock().give_up_tickets(demands, &mut granted);
+        granted
+    }
+
+    /// Takes out the parked request that `is` picks, looking at `pools`
+    /// only (those it has demands on), and gives up its tickets: what a
+    /// cancel of a request that [`Request::unpark`] holds does. `None` if
+    /// no such request is parked there.
+    pub fn withdraw(
+        &self,
+        pools: impl IntoIterator<Item = usize>,
+        is: impl Fn(&W) -> bool,
+    ) -> Withdrawn<W> {
+        let mut granted = Granted::default();
         let mut state = self.lock();
         let state = &mut *state;
-        for d in demands {
-            let p = &mut state.pools[d.pool];
-            if p.mark(d.ticket()) && p.lasting != 0 {
-                queue(p, d.pool, &mut state.work);
+        let mut request = None;
+        for pool in pools {
+            let p = &mut state.pools[pool];
+            if let Some(i) = p.parked.iter().position(|q| is(&q.w)) {
+                let parked = p.parked.remove(i).expect("found");
+                p.lasting -= parked.lasting();
+                request = Some(parked.w);
+                break;
             }
         }
-        state.settle(&mut granted);
-        granted
+        if let Some(w) = &request {
+            state.give_up_tickets(w.demands(), &mut granted);
+        }
+        Withdrawn { request, granted }
     }
 
     /// Returns `amount` units to `pool`, and grants what now fits.
@@ -388,6 +509,19 @@ fn queue<W>(p: &mut Pool<W>, pool: usize, work: &mut Vec<usize>) {
 }
 
 impl<W: Request> State<W> {
+    /// Marks the tickets of `demands` as if granted, taking no units (a
+    /// request that will not ask for them), and grants what that lets
+    /// through.
+    fn give_up_tickets(&mut self, demands: &[Demand], granted: &mut Granted<W>) {
+        for d in demands {
+            let p = &mut self.pools[d.pool];
+            if p.mark(d.ticket()) && p.lasting != 0 {
+                queue(p, d.pool, &mut self.work);
+            }
+        }
+        self.settle(granted);
+    }
+
     /// The first demand of `w` not met now, if any.
     #[inline]
     fn unmet(&self, w: &W) -> Option<Unmet> {
@@ -441,6 +575,12 @@ impl<W: Request> State<W> {
             let parked = p.parked.pop_front().expect("counted");
             match self.unmet(&parked.w) {
                 Some((at, _)) if at == pool => {
+                    self.pools[pool].parked.push_back(parked);
+                    kept += 1;
+                }
+                None if parked.w.unpark() == Unpark::Held => {
+                    // Withdrawn while parked: it stays, for its withdrawer
+                    // (who is on its way to take it out) to find.
                     self.pools[pool].parked.push_back(parked);
                     kept += 1;
                 }
@@ -503,19 +643,27 @@ mod tests {
         let pool = b.add_pool("p", 5);
         // Seed 003: M1 (1, lasting), M2 (2, lasting), O1 (3), O2 (2).
         assert_eq!(
-            names(b.request(Req(vec![d(pool, 1, true, 0)], "M1"))),
+            names(b.request(Req(vec![d(pool, 1, true, 0)], "M1")).granted),
             ["M1"]
         );
         assert_eq!(
-            names(b.request(Req(vec![d(pool, 2, true, 1)], "M2"))),
+            names(b.request(Req(vec![d(pool, 2, true, 1)], "M2")).granted),
             ["M2"]
         );
-        assert!(b.request(Req(vec![d(pool, 3, false, 2)], "O1")).is_empty());
+        assert!(
+            b.request(Req(vec![d(pool, 3, false, 2)], "O1"))
+                .granted
+                .is_empty()
+        );
         // The next micro-batch's M1 is younger than O1 and O2: it waits.
-        assert!(b.request(Req(vec![d(pool, 1, true, 4)], "M1'")).is_empty());
+        assert!(
+            b.request(Req(vec![d(pool, 1, true, 4)], "M1'"))
+                .granted
+                .is_empty()
+        );
         // O2 overtakes O1 (temporary, fits).
         assert_eq!(
-            names(b.request(Req(vec![d(pool, 2, false, 3)], "O2"))),
+            names(b.request(Req(vec![d(pool, 2, false, 3)], "O2")).granted),
             ["O2"]
         );
         // O2 completes and its input buffer is deleted: O1 fits, then M1'.
@@ -527,9 +675,13 @@ mod tests {
     fn all_or_nothing_over_two_pools() {
         let b = Broker::default();
         let (p, q) = (b.add_pool("p", 2), b.add_pool("q", 2));
-        assert_eq!(names(b.request(Req(vec![d(q, 2, false, 0)], "q2"))), ["q2"]);
+        assert_eq!(
+            names(b.request(Req(vec![d(q, 2, false, 0)], "q2")).granted),
+            ["q2"]
+        );
         assert!(
             b.request(Req(vec![d(p, 1, false, 0), d(q, 1, false, 1)], "pq"))
+                .granted
                 .is_empty()
         );
         assert_eq!(b.pools()[p].free, 2, "nothing taken while waiting");
@@ -552,13 +704,13 @@ mod tests {
         let (busy, free) = (b.add_pool("busy", 1), b.add_pool("free", 1));
         let looks = std::rc::Rc::new(std::cell::Cell::new(0));
         let req = |pool, ticket| Counted(vec![d(pool, 1, false, ticket)], looks.clone());
-        assert_eq!(b.request(req(busy, 0)).len(), 1);
+        assert_eq!(b.request(req(busy, 0)).granted.len(), 1);
         for ticket in 1..=1000 {
-            assert!(b.request(req(busy, ticket)).is_empty());
+            assert!(b.request(req(busy, ticket)).granted.is_empty());
         }
         looks.set(0);
         for ticket in 0..1000 {
-            assert_eq!(b.request(req(free, ticket)).len(), 1);
+            assert_eq!(b.request(req(free, ticket)).granted.len(), 1);
             assert!(b.release([(free, 1)]).is_empty());
         }
         assert!(
@@ -583,15 +735,26 @@ mod tests {
     fn a_request_short_of_two_pools_moves_and_keeps_its_arrival_order() {
         let b = Broker::default();
         let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
-        assert_eq!(names(b.request(Req(vec![d(p, 1, false, 0)], "p"))), ["p"]);
-        assert_eq!(names(b.request(Req(vec![d(q, 1, false, 0)], "q"))), ["q"]);
+        assert_eq!(
+            names(b.request(Req(vec![d(p, 1, false, 0)], "p")).granted),
+            ["p"]
+        );
+        assert_eq!(
+            names(b.request(Req(vec![d(q, 1, false, 0)], "q")).granted),
+            ["q"]
+        );
         // Short of both: parked at p (its first demand).
         assert!(
             b.request(Req(vec![d(p, 1, false, 1), d(q, 1, false, 1)], "pq"))
+                .granted
                 .is_empty()
         );
         // A younger request for q alone parks at q.
-        assert!(b.request(Req(vec![d(q, 1, false, 2)], "q'")).is_empty());
+        assert!(
+            b.request(Req(vec![d(q, 1, false, 2)], "q'"))
+                .granted
+                .is_empty()
+        );
         // p comes back: `pq` still waits, now at q, ahead of `q'`.
         assert!(b.release([(p, 1)]).is_empty());
         let mut order = Vec::new();
@@ -606,14 +769,15 @@ mod tests {
     fn waiting_lists_every_pool_oldest_arrival_first() {
         let b = Broker::default();
         let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
-        assert_eq!(b.request(Req(vec![d(p, 1, false, 0)], "")).len(), 1);
-        assert_eq!(b.request(Req(vec![d(q, 1, false, 0)], "")).len(), 1);
+        assert_eq!(b.request(Req(vec![d(p, 1, false, 0)], "")).granted.len(), 1);
+        assert_eq!(b.request(Req(vec![d(q, 1, false, 0)], "")).granted.len(), 1);
         for (i, (pool, name)) in [(q, "a"), (p, "b"), (q, "c"), (p, "d")]
             .into_iter()
             .enumerate()
         {
             assert!(
                 b.request(Req(vec![d(pool, 1, false, 1 + i as u64)], name))
+                    .granted
                     .is_empty()
             );
         }
@@ -627,13 +791,21 @@ mod tests {
         let b = Broker::default();
         let pool = b.add_pool("p", 2);
         assert_eq!(
-            names(b.request(Req(vec![d(pool, 2, false, 0)], "t0"))),
+            names(b.request(Req(vec![d(pool, 2, false, 0)], "t0")).granted),
             ["t0"]
         );
         // `l` (ticket 2, lasting) parks before `t1` (ticket 1): a rescan
         // looks at `l` first, then grants `t1`, which gives `l` its turn.
-        assert!(b.request(Req(vec![d(pool, 1, true, 2)], "l")).is_empty());
-        assert!(b.request(Req(vec![d(pool, 1, false, 1)], "t1")).is_empty());
+        assert!(
+            b.request(Req(vec![d(pool, 1, true, 2)], "l"))
+                .granted
+                .is_empty()
+        );
+        assert!(
+            b.request(Req(vec![d(pool, 1, false, 1)], "t1"))
+                .granted
+                .is_empty()
+        );
         assert_eq!(names(b.release([(pool, 2)])), ["t1", "l"]);
         assert_eq!((b.pools()[pool].base, b.pools()[pool].free), (3, 0));
     }
@@ -642,10 +814,14 @@ mod tests {
     fn a_request_moved_to_wait_for_its_turn_is_granted_by_a_retire() {
         let b = Broker::default();
         let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
-        assert_eq!(names(b.request(Req(vec![d(p, 1, false, 0)], "p"))), ["p"]);
+        assert_eq!(
+            names(b.request(Req(vec![d(p, 1, false, 0)], "p")).granted),
+            ["p"]
+        );
         // Short of p, and lasting on q behind ticket 0: parked at p.
         assert!(
             b.request(Req(vec![d(p, 1, false, 1), d(q, 1, true, 1)], "pq"))
+                .granted
                 .is_empty()
         );
         // p comes back: it moves to q, for its turn.
@@ -659,10 +835,11 @@ mod tests {
         for order in [[0, 1], [1, 0]] {
             let b = Broker::default();
             let (p, q) = (b.add_pool("p", 1), b.add_pool("q", 1));
-            assert_eq!(b.request(Req(vec![d(p, 1, false, 0)], "")).len(), 1);
-            assert_eq!(b.request(Req(vec![d(q, 1, false, 0)], "")).len(), 1);
+            assert_eq!(b.request(Req(vec![d(p, 1, false, 0)], "")).granted.len(), 1);
+            assert_eq!(b.request(Req(vec![d(q, 1, false, 0)], "")).granted.len(), 1);
             assert!(
                 b.request(Req(vec![d(p, 1, false, 1), d(q, 1, false, 1)], "pq"))
+                    .granted
                     .is_empty()
             );
             assert_eq!(names(b.release(order.map(|pool| (pool, 1)))), ["pq"]);
@@ -754,7 +931,7 @@ mod tests {
                         }
                         check(b.retire(&op.0), &mut done, &mut running, &b);
                     } else {
-                        check(b.request(op), &mut done, &mut running, &b);
+                        check(b.request(op).granted, &mut done, &mut running, &b);
                     }
                 } else if step == 1 && !running.is_empty() {
                     let op = running.swap_remove(rand(running.len() as u64) as usize);
@@ -800,6 +977,7 @@ mod tests {
         let pool = b.add_pool("p", 4);
         assert!(
             b.request(Req(vec![d(pool, 1, true, 1)], "young"))
+                .granted
                 .is_empty()
         );
         assert_eq!(names(b.retire(&[d(pool, 1, false, 0)])), ["young"]);

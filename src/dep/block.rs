@@ -13,7 +13,7 @@
 //! | `countdown` | see `core::countdown` | |
 //! | `anchor` | see `core::anchor`; set by the pusher before the block is shared | |
 //! | `next_adopted` | the pushing thread only (`reclaim`) | the same |
-//! | `status` | an async body leasing its context, the future and the lease as they finish (the lease count); a handle (`CANCELLED`, before the start only); the op's start (`STARTED`); retiring (`RETIRED`, keeping `STARTED` and `CANCELLED`); of a resident op, the replay's runtime (`core::due::DUE`: see `resident`) | the same; the op's start (`CANCELLED`); a handle (`RETIRED`, `STARTED`, `CANCELLED`) |
+//! | `status` | an async body leasing its context, the future and the lease as they finish (the lease count); a handle (`CANCELLED`, before the start only); the host's broker (`PARKED`, under its lock; cleared by a cancel's withdrawal); the op's start (`STARTED`); retiring (`RETIRED`, keeping `STARTED` and `CANCELLED`); of a resident op, the replay's runtime (`core::due::DUE`: see `resident`) | the same; the op's start (`CANCELLED`); a handle (`RETIRED`, `STARTED`, `CANCELLED`) |
 //! | `host`, `flags`, `device`, `priority`, `name`, `units` | creation | anyone |
 //! | `edges` | creation; owners set once by the pusher before linking; the variables given up at retiring | the chains, the op until it retires |
 //!
@@ -167,10 +167,13 @@ const RETIRED: u8 = 0b1000;
 /// `OpBlock::status`: the op's start came: its body runs unless
 /// `CANCELLED` was set before (see `start`).
 pub(super) const STARTED: u8 = 0b1_0000;
+/// `OpBlock::status`: the op is parked in its host's broker, waiting for
+/// its units (set and cleared under the broker's lock; see `start`).
+pub(super) const PARKED: u8 = 0b10_0000;
 /// `OpBlock::status`, of a resident op's block only: `core::due::DUE`,
 /// its run is due in the replay in flight (see `resident`).
 const _DUE_IS_FREE: () =
-    assert!(crate::core::due::DUE & (LEASE_MASK | CANCELLED | RETIRED | STARTED) == 0);
+    assert!(crate::core::due::DUE & (LEASE_MASK | CANCELLED | RETIRED | STARTED | PARKED) == 0);
 
 /// `OpBlock::flags`: the op's generation.
 const GENERATION: u8 = 1;

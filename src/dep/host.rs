@@ -88,10 +88,18 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     fn broker(&self) -> &Broker<Runner>;
 
     /// Asks for the units of an op whose variables granted it: dispatches it
-    /// once they are free (perhaps at once).
+    /// once they are free (perhaps at once), or at once, holding none, if
+    /// it was cancelled before it could park (see `start`).
     #[inline]
     fn request_units(&self, op: Runner) {
-        self.dispatch_granted(self.broker().request(op), Units::Free);
+        let asked = self.broker().request(op);
+        match asked.withdrawn {
+            None => self.dispatch_granted(asked.granted, Units::Free),
+            Some(op) => {
+                self.dispatch_granted(asked.granted, Units::Op(op.metadata()));
+                self.dispatch(op, false);
+            }
+        }
     }
 
     /// Gives up the tickets of `op`, which will not ask for its units (it

@@ -22,7 +22,7 @@ use super::host::{Host, Units};
 use super::poison::Skip;
 use super::units::{OpUnits, Returns};
 use crate::core::chain::{Grant, Owner};
-use crate::core::tickets::{Demand, Request};
+use crate::core::tickets::{Demand, Park, Request, Unpark};
 use crate::error::{Error, FailureKind, OpFailure};
 use crate::loom::sync::atomic::Ordering::{AcqRel, Relaxed};
 
@@ -107,6 +107,38 @@ impl Request for Runner {
     fn demands(&self) -> &[Demand] {
         self.metadata().units().map_or(&[], OpUnits::as_request)
     }
+
+    #[inline]
+    fn park(&self) -> Park {
+        self.metadata().park()
+    }
+
+    #[inline]
+    fn unpark(&self) -> Unpark {
+        self.metadata().unpark()
+    }
+}
+
+/// A cancel found `op` parked in its host's broker, held there (see
+/// `start`): takes it out, giving up its tickets, and dispatches it; it
+/// runs, skipped as cancelled, and finishes at once, handing its variables
+/// on. What giving up its tickets lets through is dispatched first.
+pub(super) fn withdraw<H: Host>(op: &OpBlock) {
+    // SAFETY: `spawn::<_, H>` set this function for this op. The op is
+    // parked and held in its host's broker, so pending: its host is alive
+    // until it retires, which it cannot before the dispatch below.
+    let host = unsafe { host::<H>(op) };
+    let units = op.units().expect("an op parked for units has some");
+    let pools = units.demands().map(|(resource, _)| resource.pool());
+    let withdrawn = host
+        .broker()
+        .withdraw(pools, |r| std::ptr::eq(r.metadata(), op));
+    let runner = withdrawn
+        .request
+        .expect("a cancelled op held in the broker stays there until its cancel takes it out");
+    op.unmark_parked();
+    host.dispatch_granted(withdrawn.granted, Units::Op(op));
+    host.dispatch(runner, false);
 }
 
 /// The schedule function of every op's task: wakes of async ops land here.
@@ -130,6 +162,9 @@ pub(super) enum Outcome {
     /// Skipped for an earlier failure on an input: passed on to the
     /// outputs, not reported again.
     Poisoned(Arc<OpFailure>),
+    /// One of the host's own ops (a delete, an un-poisoning) cancelled
+    /// before it ran: its variable is left as it was, unpoisoned.
+    Unchanged,
 }
 
 /// The op finished: poisons what it mutates on failure, then releases its
@@ -137,7 +172,7 @@ pub(super) enum Outcome {
 #[inline]
 pub(super) fn finish<H: Host>(op: &OpBlock, outcome: Outcome, host: &H) {
     match outcome {
-        Outcome::Succeeded => {}
+        Outcome::Succeeded | Outcome::Unchanged => {}
         Outcome::Failed(failure) => {
             op.fail(&failure);
             host.record_failure(failure);
@@ -264,6 +299,14 @@ pub(super) fn skip<H: Host>(op: &OpBlock, why: Skip, host: &H) -> Error {
                 finish(op, Outcome::Failed(failure), host);
             }
             Error::Deleted(var)
+        }
+        Skip::Cancelled if op.is_maintenance() => {
+            // The host's own delete or un-poisoning computes no value: its
+            // variable stays as it was (a delete's stays marked deleted,
+            // its value kept until its last handle goes; a poison stays
+            // with its original cause). (The host's wait mutates nothing.)
+            finish(op, Outcome::Unchanged, host);
+            Error::Cancelled
         }
         Skip::Cancelled => {
             // The outputs were not computed: poisoned, as by a failure; but

@@ -10,7 +10,7 @@ use super::block::{OpBlock, OpSpec, Runner};
 use super::body::Body;
 use super::future::OpFuture;
 use super::host::Host;
-use super::lifecycle::{Granter, ready, schedule};
+use super::lifecycle::{Granter, ready, schedule, withdraw};
 use super::output::Output;
 use super::reclaim;
 use super::stream_op::StreamOpFuture;
@@ -23,8 +23,12 @@ pub(crate) type OpTask<T> = async_task::Task<Result<Output<T>, Error>, OpBlock>;
 /// variables' chains: it runs as soon as its dependencies allow. Returns its
 /// task, which resolves to the body's result.
 #[inline]
-pub(crate) fn spawn<B: Body, H: Host>(spec: OpSpec, body: B, host: &H) -> OpTask<B::Output> {
+pub(crate) fn spawn<B: Body, H: Host>(mut spec: OpSpec, body: B, host: &H) -> OpTask<B::Output> {
     let on_streams = spec.lane.is_some();
+    if let Some(units) = &mut spec.units {
+        // A cancel that finds it parked for these takes it out (`start`).
+        units.withdraw = Some(withdraw::<H>);
+    }
     let body_size = if on_streams {
         size_of::<StreamOpFuture<B, H>>()
     } else {

@@ -20,11 +20,38 @@
 //! both bits (`OpBlock::mark_retired`), so the answer stands after the op
 //! finished.
 //!
+//! # A cancel of an op parked for its units
+//!
+//! An op whose units are not free waits in its host's broker
+//! (`core::tickets`), holding nothing; a cancel must not leave it there
+//! until they free (they may never: a units deadlock is broken by
+//! cancelling one of its ops). So the broker's questions to a request
+//! (`Request::park`, `Request::unpark`) are read-modify-writes of this
+//! same word, made under the broker's lock:
+//!
+//! - parking sets `PARKED` only while `CANCELLED` is clear; else the op
+//!   does not park (the broker gives up its tickets and hands it back, and
+//!   it runs, skipped as cancelled);
+//! - a grant of a parked op clears `PARKED` only while `CANCELLED` is
+//!   clear; else the op stays parked (*held*), taking nothing;
+//! - a cancel that sets `CANCELLED` over `PARKED` has found the op
+//!   parked, and held there from now on: it takes it out of the broker
+//!   (`lifecycle::withdraw`), which gives up its tickets, clears `PARKED`
+//!   and dispatches it: it finishes at once as cancelled, its variables
+//!   handed on. A cancel that finds `PARKED` clear leaves the broker alone:
+//!   the op has not parked yet (it will not: parking sees `CANCELLED`), or
+//!   was granted (it will run, skipped as cancelled, and give its units
+//!   back).
+//!
+//! The op's host is alive while it is withdrawn: the op is pending (parked
+//! and held, it cannot finish before the withdrawal dispatches it).
+//!
 //! Only pushed ops start this way (`future`, `stream_op`): a recorded op
 //! has no handle to cancel it (a resident task is marked cancelled only
 //! when its graph goes, see `resident`), and runs without this step.
 
-use super::block::{CANCELLED, OpBlock, STARTED};
+use super::block::{CANCELLED, OpBlock, PARKED, STARTED};
+use crate::core::tickets::{Park, Unpark};
 use crate::loom::sync::atomic::Ordering::{Acquire, Relaxed};
 
 /// What an op's start decided.
@@ -82,10 +109,70 @@ impl OpBlock {
                 .status
                 .compare_exchange_weak(status, status | CANCELLED, Relaxed, Relaxed)
             {
+                Ok(_) if status & PARKED != 0 => {
+                    // Parked for its units, and held there from now on:
+                    // this cancel takes it out (see the module docs).
+                    self.withdraw();
+                    return Cancel::NotRun;
+                }
                 Ok(_) => return Cancel::NotRun,
                 Err(now) => status = now,
             }
         }
+    }
+
+    /// Takes the op, parked and held in its host's broker, out of it and
+    /// dispatches it (see the module docs).
+    #[cold]
+    fn withdraw(&self) {
+        let withdraw = self
+            .units()
+            .and_then(|units| units.withdraw)
+            .expect("only a pushed op with units parks, and only it is cancelled there");
+        withdraw(self);
+    }
+
+    /// The op is about to park in its host's broker (under its lock): it
+    /// does unless a cancel came first.
+    pub(super) fn park(&self) -> Park {
+        let mut status = self.status.load(Relaxed);
+        loop {
+            if status & CANCELLED != 0 {
+                return Park::Withdrawn;
+            }
+            match self
+                .status
+                .compare_exchange_weak(status, status | PARKED, Relaxed, Relaxed)
+            {
+                Ok(_) => return Park::Parked,
+                Err(now) => status = now,
+            }
+        }
+    }
+
+    /// The parked op is about to be granted its units (under the broker's
+    /// lock): it is unless a cancel came while it was parked (then it stays
+    /// parked, held, until that cancel takes it out).
+    pub(super) fn unpark(&self) -> Unpark {
+        let mut status = self.status.load(Relaxed);
+        loop {
+            debug_assert_ne!(status & PARKED, 0, "granted a request not parked");
+            if status & CANCELLED != 0 {
+                return Unpark::Held;
+            }
+            match self
+                .status
+                .compare_exchange_weak(status, status & !PARKED, Relaxed, Relaxed)
+            {
+                Ok(_) => return Unpark::Granted,
+                Err(now) => status = now,
+            }
+        }
+    }
+
+    /// The op was taken out of the broker by its cancel: no longer parked.
+    pub(super) fn unmark_parked(&self) {
+        self.status.fetch_and(!PARKED, Relaxed);
     }
 
     /// Whether a handle cancelled the op (before it started).

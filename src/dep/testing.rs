@@ -21,12 +21,14 @@ use super::host::{Host, new_host_id};
 use super::own::{deletion, mark_deleted};
 use super::reclaim;
 use super::spawn::{OpTask, spawn};
+use super::units::OpUnits;
 use super::var::{AnyVar, Var};
 use crate::core::tickets::Broker;
 use crate::device::StreamDevice;
 use crate::error::{BoxError, Error, OpFailure};
 use crate::loom::sync::atomic::{AtomicUsize, Ordering::*};
 use crate::loom::sync::{Condvar, Mutex};
+use crate::resource::Resource;
 
 /// A lifecycle hook, as the no-op host records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,7 +180,51 @@ impl<T> Handle<T> {
     }
 }
 
+impl crate::resource::Ledger for NoopHost {
+    fn free(&self, pool: usize) -> u64 {
+        self.broker.units(pool).1
+    }
+
+    fn give_back(&self, pool: usize, amount: u64) {
+        self.give_back_units(&[(pool, amount)], super::host::Units::Var);
+    }
+}
+
 impl Harness {
+    /// A resource of `capacity` units, accounted in this host's broker.
+    pub fn resource(&self, name: &'static str, capacity: u64) -> Resource {
+        let pool = self.host.broker.add_pool(name, capacity);
+        Resource::new(self.host.id, pool, name.into(), capacity, self.host.clone())
+    }
+
+    /// Pushes an op with a synchronous body that uses `amount` units of
+    /// `resource` while it runs (`OpBuilder::uses`).
+    pub fn push_using<F, T>(
+        &self,
+        name: &'static str,
+        mutates: &[&dyn AnyVar],
+        resource: &Resource,
+        amount: u64,
+        f: F,
+    ) -> Result<Handle<T>, Error>
+    where
+        F: FnOnce(&OpCtx) -> Result<T, BoxError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut spec = OpSpec::own(edges(&[], mutates, self.host.id)?, name, Mode::Normal);
+        let mut units = OpUnits::default();
+        units.add(resource, amount, None);
+        spec.units = Some(Box::new(units));
+        Ok(Handle(spawn(spec, SyncBody(Some(f)), &*self.host)))
+    }
+
+    /// How many ops wait in the broker for their units.
+    pub fn waiting_for_units(&self) -> usize {
+        let mut waiting = 0;
+        self.host.broker.for_each_waiting(|_| waiting += 1);
+        waiting
+    }
+
     /// A harness over a new no-op host.
     pub fn new() -> Self {
         Self {

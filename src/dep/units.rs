@@ -17,6 +17,7 @@
 //! | `deferred` (units to give back, and to take back on failure) | a stream op's enqueue half, then its completion | the same |
 //! | `held`, `skipped`, `failed` of a recorded op (`resident_units`) | as above, within one replay; `reset` at its end | the same |
 //! | `also` | the replay's pusher, before push | the pusher, under the push lock |
+//! | `withdraw` | `spawn`, before the op is shared | a cancel that found the op parked (see `start`) |
 
 // `unsafe`: handing units on to outputs under the op's write grants; each block says why it is
 // sound.
@@ -25,6 +26,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+use super::block::OpBlock;
 use crate::core::few::Few;
 use crate::core::tickets::Demand;
 use crate::loom::sync::Mutex;
@@ -63,6 +65,11 @@ pub(crate) struct OpUnits {
     /// More tickets to draw with the op's own (a replay's op draws its
     /// recorded ops' here: see `crate::graph::run`).
     also: Option<Arc<dyn DrawTickets>>,
+    /// Takes the op out of its host's broker, for a cancel that found it
+    /// parked there (`lifecycle::withdraw`, monomorphised for the op's
+    /// host): set by `spawn` for a pushed op; a resident op is never
+    /// cancelled while parked, and has none.
+    pub(super) withdraw: Option<fn(&OpBlock)>,
 }
 
 /// Tickets drawn in the same critical section as an op's own (under the
@@ -94,6 +101,7 @@ impl Default for OpUnits {
             failed: AtomicBool::new(false),
             deferred: Mutex::new(Deferred::default()),
             also: None,
+            withdraw: None,
         }
     }
 }

@@ -60,8 +60,10 @@ use crate::error::{BoxError, Error};
 /// rank: a stand-in issues the MPI calls with a zeroed buffer, and every
 /// collective carries a small status word (an `MPI_Iallreduce` of four
 /// `i64`s, issued just before its data) that tells every rank whether some
-/// rank failed. So the collective fails on *every* rank, with
-/// [`Error::Collective`] naming the lowest failing rank and carrying its
+/// rank failed. So the collective fails on *every* rank: its handle
+/// resolves to [`Error::Failed`] whose failure's
+/// [`source`](std::error::Error::source) is [`Error::Collective`], naming
+/// the lowest failing rank and carrying its
 /// own failure in words, up to 256 bytes (cut with an ellipsis), e.g.
 /// ``grad: rank 1 failed its part (its op did not run: input `x` (var#7)
 /// was poisoned because op `load` failed: NaN on rank 1): …`` (that rank
@@ -314,8 +316,9 @@ where
     /// collective it pairs with the same tag, a step number, say. The
     /// status word carries it, so collectives whose tags differ across
     /// ranks (some rank skipped or added a collective before this one: the
-    /// ranks are out of step) fail on every rank with
-    /// [`Error::Collective`] saying so, their outputs poisoned, instead of
+    /// ranks are out of step) fail on every rank ([`Error::Failed`], with
+    /// an [`Error::Collective`] saying so as its source), their outputs
+    /// poisoned, instead of
     /// computing with another collective's data. A
     /// [`Group`](crate::parallel::Group) across ranks tags its collectives
     /// with its step number (from 1).

@@ -467,7 +467,10 @@ impl Engine {
     /// [`Error::Deleted`] if a delete was already pushed; otherwise as for
     /// [`push`](Self::push). A refused delete (after shutdown, say) leaves
     /// the variable as it was: it is marked deleted only once the delete is
-    /// admitted.
+    /// admitted. A delete [cancelled](OpHandle::cancel) before it ran
+    /// resolves to [`Error::Cancelled`] and poisons nothing: the variable
+    /// stays marked deleted, and its value (and the units it holds) go when
+    /// its last handle is dropped.
     ///
     /// ```
     /// use depflow::{Engine, Error};
@@ -504,6 +507,10 @@ impl Engine {
 
     /// Clears the poison of `var`, in push order: ops pushed after this one
     /// run normally again (their values are whatever the variable holds).
+    ///
+    /// [Cancelled](OpHandle::cancel) before it ran, it resolves to
+    /// [`Error::Cancelled`] and leaves `var` as it was: a healthy variable
+    /// healthy, a poisoned one poisoned by its original failure.
     ///
     /// # Errors
     ///

@@ -145,7 +145,8 @@ impl Group {
     /// Within one process, a failed step pushes no more of its reductions.
     /// Across ranks it pushes all of them, failed: the gradients of the
     /// buckets not reduced yet are poisoned with its error and their sums
-    /// fail on *every* rank, whose replicas are then poisoned with an
+    /// fail on *every* rank, whose replicas are then poisoned
+    /// ([`Error::Poisoned`]) by the collective's failure, whose source is an
     /// [`Error::Collective`] naming this rank and its error (here: the
     /// error itself). The ranks stay in step: after
     /// [`clear_poison`](Self::clear_poison) on every rank, they train on.
