@@ -33,8 +33,8 @@
 //! always woken, never run inline; a stream op counts itself out only once
 //! its device work is done.
 //!
-//! A host that watches recorded ops (`Host::watches_recorded`: a trace or
-//! `tracing` spans) is told of each run, with the replay's op (its address,
+//! A host that watches recorded ops (`Host::watches_recorded`: a trace,
+//! `tracing` spans, or a watchdog, for which they are progress) is told of each run, with the replay's op (its address,
 //! kept as the replay arms): `run_watched`, apart from the loop, so that a
 //! host that watches nothing pays one branch per op.
 
