@@ -75,3 +75,29 @@ fn a_standalone_buffer_too_large_fails_its_op() {
         assert!(text.contains("could not be allocated"), "{text}");
     }
 }
+
+/// The same for a device arena on the simulated GPU: its first replay fails
+/// with an error instead of aborting the process.
+#[test]
+fn a_device_arena_that_cannot_be_allocated_fails_the_replay() {
+    use depflow::Executor;
+    let engine = Engine::builder()
+        .device("gpu", Executor::simulated_gpu(1))
+        .build()
+        .unwrap();
+    let gpu = engine.device("gpu").unwrap();
+    let graph = engine
+        .record(|rec| {
+            // 256 TiB: past any x86-64 or AArch64 user address space.
+            let huge = rec.device_buffer::<u8>(gpu, 1 << 48)?;
+            let h = huge.clone();
+            rec.op().on(gpu).mutates(&[&huge]).run(move |ctx| {
+                let _ = ctx.device_buffer_mut(&h)?;
+                Ok::<(), depflow::BoxError>(())
+            })
+        })
+        .unwrap();
+    let err = graph.replay().wait().unwrap_err();
+    let text = format!("{err}: {:?}", std::error::Error::source(&err));
+    assert!(text.contains("could not be allocated"), "{text}");
+}

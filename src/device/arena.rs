@@ -97,7 +97,16 @@ impl DeviceMemory {
         // A zero-sized arena still gets an allocation of its own.
         let size = bytes.max(1);
         let raw = match &backend.gpu {
-            Gpu::Sim(_) => Raw::Sim(SimMemory::new(vec![Line([0; 64]); size.div_ceil(64)])),
+            Gpu::Sim(_) => {
+                // Fallibly: an arena too large fails the op, never aborts.
+                let lines = size.div_ceil(64);
+                let mut memory = Vec::new();
+                memory.try_reserve_exact(lines).map_err(|_| {
+                    format!("the simulated device's {bytes} bytes could not be allocated")
+                })?;
+                memory.resize(lines, Line([0; 64]));
+                Raw::Sim(SimMemory::new(memory))
+            }
             #[cfg(feature = "cuda")]
             Gpu::Cuda(gpu) => Raw::Cuda(cuda::alloc(gpu, lane, size)?),
         };
