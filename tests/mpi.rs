@@ -887,6 +887,72 @@ fn run_ranks(ranks: usize) -> Vec<String> {
         .collect()
 }
 
+/// The environment variable that makes this binary, under `mpirun`, the
+/// rank-panics case of [`a_panicking_rank_aborts_the_job`].
+const PANIC_CASE: &str = "DEPFLOW_MPI_PANIC_CASE";
+
+/// Under `mpirun -np 2` with [`PANIC_CASE`] set: rank 1 panics holding a
+/// communicator made with `abort_on_panic`, while rank 0 waits in an
+/// all-reduce that rank 1 never joins.
+fn panic_case() {
+    let (universe, _) =
+        mpi::initialize_with_threading(mpi::Threading::Multiple).expect("MPI initialises");
+    let world = universe.world();
+    let engine = Engine::new();
+    let comm = Communicator::new(&engine, &world).unwrap().abort_on_panic();
+    let grad = engine.var(vec![1.0f32; 4]);
+    if world.rank() == 1 {
+        panic!("rank 1 gives up before its all-reduce");
+    }
+    let _ = comm.all_reduce(&grad).push().unwrap().wait();
+    println!("rank 0's all-reduce returned: the job was not aborted");
+}
+
+/// A rank that panics with `abort_on_panic` takes the job down at once
+/// (without it, the other rank waits in its all-reduce for ever: this
+/// runner's deadline would fail the check).
+fn a_panicking_rank_aborts_the_job() {
+    const DEADLINE: Duration = Duration::from_secs(60);
+    let start = std::time::Instant::now();
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg(std::env::current_exe().unwrap())
+        .env(PANIC_CASE, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mpirun");
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > DEADLINE {
+            child.kill().ok();
+            child.wait().ok();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    let status = status.unwrap_or_else(|| {
+        panic!("a rank panicked and the job was not aborted within {DEADLINE:?}:\n{stdout}{stderr}")
+    });
+    assert!(!status.success(), "the job succeeded:\n{stdout}{stderr}");
+    assert!(
+        stderr.contains("rank 1 gives up") && stderr.contains("aborting the MPI job"),
+        "{stdout}{stderr}"
+    );
+    assert!(!stdout.contains("was not aborted"), "{stdout}");
+    println!(
+        "mpi: a panicking rank aborted the 2-rank job in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+}
+
 fn main() {
     let under_mpirun = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
         || std::env::var_os("PMI_SIZE").is_some();
@@ -894,8 +960,12 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    if under_mpirun && std::env::var_os(PANIC_CASE).is_some() {
+        return panic_case();
+    }
     // Ranks other than 2 too: 3 (not a power of two) and 4, oversubscribed.
     let multi: Vec<(usize, Vec<String>)> = if !under_mpirun && have_mpirun() {
+        a_panicking_rank_aborts_the_job();
         [2, 3, 4].into_iter().map(|n| (n, run_ranks(n))).collect()
     } else {
         Vec::new()

@@ -267,6 +267,24 @@ impl Comm {
     }
 }
 
+impl Comm {
+    /// Aborts the job: `MPI_Abort` on `MPI_COMM_WORLD` (valid whatever
+    /// became of the duplicate), which takes every process of the job down
+    /// (Open MPI's `mpirun` kills the others). Not
+    /// under the issue lock: the thread aborting may be the one a lock
+    /// holder waits for, and an abort is the end of every call in flight
+    /// (MPI's own `MPI_ERRORS_ARE_FATAL` handler aborts from inside any
+    /// call). Does not return.
+    pub(crate) fn abort(&self, code: i32) -> ! {
+        // SAFETY: rsmpi's world communicator, valid from MPI_Init on (a
+        // `Comm` exists only while MPI is initialised); MPI_Abort may be
+        // called at any time then.
+        unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
+        // MPI_Abort does not return on Open MPI; if a library's did:
+        std::process::abort()
+    }
+}
+
 impl Drop for Comm {
     fn drop(&mut self) {
         let _ = self.shutdown(Instant::now() + super::SHUTDOWN_DEADLINE);

@@ -94,6 +94,12 @@ use crate::error::{BoxError, Error};
 /// not, and where they put one rank's all-reduce on either side of 64 KiB
 /// the ranks make different calls and wait for each other.
 ///
+/// **A rank that panics.** Its `MPI_Finalize` (rsmpi's `Universe` drop)
+/// waits for the other ranks, which wait in their collectives: the job
+/// ends only at their own timeouts. With
+/// [`abort_on_panic`](Communicator::abort_on_panic), a panic that unwinds
+/// through the communicator aborts the whole job at once (`MPI_Abort`).
+///
 /// **Shutdown.** [`shutdown`](Communicator::shutdown) (or the drop of the
 /// last handle, after the last op that uses it) lets the collectives in
 /// flight complete, frees the duplicate, and must come before MPI is
@@ -147,6 +153,22 @@ pub struct Communicator {
     engine: Engine,
     comm: Arc<Comm>,
     device: Option<Device>,
+    /// Abort the job when a panic unwinds through this handle
+    /// ([`abort_on_panic`](Communicator::abort_on_panic)).
+    abort_on_panic: bool,
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if self.abort_on_panic && std::thread::panicking() {
+            eprintln!(
+                "depflow: rank {} panicked holding its Communicator: aborting the MPI job \
+                 (Communicator::abort_on_panic)",
+                self.comm.rank()
+            );
+            self.comm.abort(134);
+        }
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -177,7 +199,41 @@ impl Communicator {
             engine: engine.clone(),
             comm: Arc::new(comm),
             device: None,
+            abort_on_panic: false,
         })
+    }
+
+    /// Aborts the whole MPI job (`MPI_Abort`) when a panic unwinds through
+    /// this handle (or a clone made after this call): a rank whose main
+    /// thread panics then takes the job down at once, instead of leaving
+    /// the other ranks waiting in their collectives for their own timeouts
+    /// (the panicking rank's `MPI_Finalize`, in rsmpi's `Universe` drop,
+    /// waits for them too). This is what Open MPI programs do with
+    /// `MPI_Abort`; without it a panic is the process's own business.
+    ///
+    /// Only a panic that unwinds through the handle counts: a body's panic
+    /// that the engine catches (it fails the op) does not, unless the body
+    /// owned a handle. The job ends with `mpirun` reporting the abort
+    /// (exit code 134) after the panic's message.
+    ///
+    /// ```no_run
+    /// use depflow::mpi::traits::Communicator as _;
+    /// use depflow::{Communicator, Engine, mpi};
+    ///
+    /// let (universe, _) = mpi::initialize_with_threading(mpi::Threading::Multiple).unwrap();
+    /// let world = universe.world();
+    /// let engine = Engine::new();
+    /// let comm = Communicator::new(&engine, &world)?.abort_on_panic();
+    /// let grad = engine.var(vec![1.0f32; 4]);
+    /// if world.rank() == 1 {
+    ///     panic!("rank 1 gives up"); // every rank ends now, not at a timeout
+    /// }
+    /// comm.all_reduce(&grad).push()?.wait()?;
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn abort_on_panic(mut self) -> Self {
+        self.abort_on_panic = true;
+        self
     }
 
     /// Runs the collectives' bodies (issue, then put the buffer back) on
