@@ -832,6 +832,26 @@ fn waiting_costs_no_core(engine: &Engine, comm: &Communicator) {
     }
 }
 
+/// Waits for `child` until `deadline` after `start`; `None` (the child
+/// killed) if it is still running then.
+fn wait_within(
+    child: &mut std::process::Child,
+    start: std::time::Instant,
+    deadline: Duration,
+) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if start.elapsed() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs this binary under `mpirun -np {ranks}` (oversubscribed: this
 /// machine may have fewer cores), at most `DEADLINE` (a hang fails);
 /// returns the digest lines its ranks printed (`digest:`, `group digest:`,
@@ -860,18 +880,7 @@ fn run_ranks(ranks: usize) -> Vec<String> {
         std::io::Read::read_to_string(&mut stderr, &mut s).ok();
         s
     });
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > DEADLINE {
-            child.kill().ok();
-            child.wait().ok();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_within(&mut child, std::time::Instant::now(), DEADLINE);
     let stdout = out.join().unwrap();
     print!("{stdout}");
     eprint!("{}", err.join().unwrap());
@@ -922,17 +931,7 @@ fn a_panicking_rank_aborts_the_job() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("mpirun");
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > DEADLINE {
-            child.kill().ok();
-            child.wait().ok();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_within(&mut child, start, DEADLINE);
     let output = child.wait_with_output().unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&output.stdout),
