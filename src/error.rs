@@ -329,6 +329,16 @@ pub enum Error {
     /// duplicate devices, replicas of different shapes, an empty batch or
     /// one that does not split evenly; the message says which.
     Parallel(String),
+    /// An array operation ([`nd`](crate::nd), feature `nd`) whose operands
+    /// do not fit: shapes that do not broadcast or multiply, an axis out
+    /// of range, arrays on different devices or engines. `op` names the
+    /// operation, `message` the operands (both shapes).
+    Array {
+        /// The operation (`"add"`, `"matmul"`, ...).
+        op: &'static str,
+        /// What did not fit, with the operands' shapes.
+        message: String,
+    },
     /// The closure given to [`Engine::record`](crate::Engine::record)
     /// returned an error of its own (not a depflow `Error`, which comes
     /// back as itself): the recording was dropped. It prints the error's
@@ -391,6 +401,7 @@ impl fmt::Display for Error {
             Error::Graph(msg) => write!(f, "recorded graph: {msg}"),
             Error::Collective(msg) => write!(f, "collective: {msg}"),
             Error::Parallel(msg) => write!(f, "data-parallel group: {msg}"),
+            Error::Array { op, message } => write!(f, "{op}: {message}"),
             Error::Recording(e) => write!(f, "recording: {e}"),
         }
     }

@@ -131,6 +131,9 @@ mod engine;
 
 pub mod parallel;
 
+#[cfg(feature = "nd")]
+pub mod nd;
+
 pub use crate::dep::{
     AnyVar, Buffer, Device, DeviceBuffer, Element, OpCtx, Operand, TypedVar, Var, VarKey, VarMut,
     VarRef,
@@ -253,6 +256,10 @@ const _: () = {
     send::<OpHandle<u64>>();
     send::<Wait>();
     send::<Job>();
+    #[cfg(feature = "nd")]
+    send_sync::<nd::Array>();
+    #[cfg(feature = "nd")]
+    send_sync::<nd::Arrays>();
 };
 
 /// The code in README.md, compiled and run as doctests.

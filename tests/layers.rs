@@ -21,6 +21,8 @@ const FLOORS: &[(&str, u8)] = &[
     ("engine", 5),
     // Data-parallel groups, above the engine, on its public API.
     ("parallel", 6),
+    // Arrays (`nd`), above the engine, on its public API.
+    ("nd", 6),
     // The planned MPI communicator (`comm`) goes inside `device`.
 ];
 

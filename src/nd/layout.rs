@@ -1,0 +1,167 @@
+//! Shape changes: reshape (the same values, as MXNet's), slices and
+//! concatenation along an axis (new arrays).
+
+use std::ops::Range;
+
+use ndarray::{Axis, Slice};
+
+use super::shape::{Shape, axis, misfit, numel, same_device, view, view_mut};
+use super::{Array, mode};
+use crate::error::Error;
+
+impl Array {
+    /// The same values seen with shape `shape` (row-major): no op, no copy.
+    /// The result shares the values, so an in-place operation on one is
+    /// seen through the other, as a clone is.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, nd};
+    ///
+    /// let arrays = nd::Arrays::new(&Engine::new());
+    /// let a = arrays.arange(6)?;
+    /// let m = a.reshape(&[2, 3])?;
+    /// m.add_assign_scalar(10.0)?;
+    /// assert_eq!(a.to_vec().wait()?, [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `shape` has another number of elements.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Array, Error> {
+        if numel(shape) != self.len() {
+            return Err(misfit(
+                "reshape",
+                format!(
+                    "shape {:?} ({} elements) cannot be seen as {shape:?} ({} elements)",
+                    self.shape(),
+                    self.len(),
+                    numel(shape)
+                ),
+            ));
+        }
+        Ok(Array::over(
+            self.engine(),
+            self.device(),
+            shape.into(),
+            self.buffer().clone(),
+        ))
+    }
+
+    /// The elements `range` along `axis`, as a new array (MXNet's
+    /// `slice_axis`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `axis` is not an axis of the array or `range`
+    /// is not within its length.
+    pub fn slice_axis(&self, along: usize, range: Range<usize>) -> Result<Array, Error> {
+        const OP: &str = "slice_axis";
+        axis(OP, self.shape(), along)?;
+        let len = self.shape()[along];
+        if range.start > range.end || range.end > len {
+            return Err(misfit(
+                OP,
+                format!(
+                    "range {range:?} out of axis {along} of shape {:?}",
+                    self.shape()
+                ),
+            ));
+        }
+        let mut shape = self.shape().to_vec();
+        shape[along] = range.len();
+        let shape: Shape = shape.into();
+        let result = Array::uninit(self.engine(), self.device(), shape.clone());
+        let (x, o) = (self.buffer().clone(), result.buffer().clone());
+        let sx = self.shape_arc().clone();
+        mode::submit(
+            self.engine(),
+            self.device(),
+            OP,
+            &[self.buffer()],
+            &[result.buffer()],
+            move |ctx| {
+                let (xd, mut od) = (ctx.read(&x)?, ctx.write(&o)?);
+                let whole = view(&sx, &xd)?;
+                let part = whole.slice_axis(Axis(along), Slice::from(range.clone()));
+                view_mut(&shape, &mut od)?.assign(&part);
+                Ok(())
+            },
+        )?;
+        Ok(result)
+    }
+}
+
+/// The arrays joined along `axis`, as a new array: their shapes must agree
+/// on every other axis.
+///
+/// ```
+/// use depflow::{Engine, Error, nd};
+///
+/// let arrays = nd::Arrays::new(&Engine::new());
+/// let a = arrays.ones(&[1, 2])?;
+/// let b = arrays.zeros(&[2, 2])?;
+/// let c = nd::concat(&[&a, &b], 0)?;
+/// assert_eq!(c.shape(), [3, 2]);
+/// assert_eq!(c.to_vec().wait()?, [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Array`] for no arrays, an axis out of range, shapes that
+/// differ elsewhere, or arrays on different devices.
+pub fn concat(arrays: &[&Array], along: usize) -> Result<Array, Error> {
+    const OP: &str = "concat";
+    let Some(first) = arrays.first() else {
+        return Err(misfit(OP, "no arrays to join"));
+    };
+    same_device(OP, arrays)?;
+    axis(OP, first.shape(), along)?;
+    let mut shape = first.shape().to_vec();
+    shape[along] = 0;
+    for a in arrays {
+        let fits = a.ndim() == shape.len()
+            && (0..shape.len()).all(|i| i == along || a.shape()[i] == first.shape()[i]);
+        if !fits {
+            return Err(misfit(
+                OP,
+                format!(
+                    "shapes {:?} and {:?} differ off axis {along}",
+                    first.shape(),
+                    a.shape()
+                ),
+            ));
+        }
+        shape[along] += a.shape()[along];
+    }
+    let shape: Shape = shape.into();
+    let result = Array::uninit(first.engine(), first.device(), shape.clone());
+    let inputs: Vec<_> = arrays
+        .iter()
+        .map(|a| (a.buffer().clone(), a.shape_arc().clone()))
+        .collect();
+    let reads: Vec<&dyn crate::dep::AnyVar> = arrays.iter().map(|a| a.buffer() as _).collect();
+    let o = result.buffer().clone();
+    mode::submit(
+        first.engine(),
+        first.device(),
+        OP,
+        &reads,
+        &[result.buffer()],
+        move |ctx| {
+            let mut od = ctx.write(&o)?;
+            let mut ov = view_mut(&shape, &mut od)?;
+            let mut at = 0;
+            for (x, sx) in &inputs {
+                let xd = ctx.read(x)?;
+                let n = sx[along];
+                ov.slice_axis_mut(Axis(along), Slice::from(at..at + n))
+                    .assign(&view(sx, &xd)?);
+                at += n;
+            }
+            Ok(())
+        },
+    )?;
+    Ok(result)
+}

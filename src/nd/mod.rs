@@ -1,0 +1,87 @@
+//! Arrays on the engine (feature `nd`): MXNet's NDArray, whose every
+//! operation is an engine op whose reads and mutations come from its
+//! operands. You write array code; you never name a variable.
+//!
+//! ```
+//! use depflow::{Engine, Error, nd};
+//!
+//! let engine = Engine::new();
+//! let arrays = nd::Arrays::new(&engine);
+//! // Seed 000's program, on vectors: each line returns at once.
+//! let mut a = arrays.full(&[4], 1.0)?;
+//! let b = &a + 1.0; // reads a
+//! let c = &a + 2.0; // reads a: may run beside b
+//! a = &c * 2.0; // a new array; the old one goes once b and c have read it
+//! let d = &a + 3.0;
+//! assert_eq!(b.to_vec().wait()?, [2.0; 4]);
+//! assert_eq!(d.to_vec().wait()?, [9.0; 4]);
+//! # Ok::<(), Error>(())
+//! ```
+//!
+//! # What an operation does
+//!
+//! An operation checks its operands at the call (shapes, devices), makes
+//! its result (a new [`Array`] of the result's shape, its buffer not yet
+//! written) and pushes one op that reads the operands' buffers and
+//! mutates the result's, running on the operands' device. It returns at
+//! once; the engine runs the op when the operands' earlier writers are
+//! done. In-place forms (`a += &b`, [`Array::assign`],
+//! [`Array::add_assign`]) push an op that mutates the target. So the
+//! dependencies are the program's, per array: reads in parallel, writes
+//! alone, in program order.
+//!
+//! Values are read through a future ([`Array::to_vec`], `.wait()` to
+//! block), or [`Array::item`] for one element. An array's buffer goes
+//! when its last handle does and its pending ops are done (seed 000's
+//! memory recycling). Clones and [`Array::reshape`]s share the values.
+//!
+//! Kernels are ndarray's: `Zip` for elementwise operations with
+//! broadcasting, `general_mat_mul` (matrixmultiply) for
+//! [`Array::matmul`], `sum_axis` and its kin for reductions; so results
+//! are bit for bit those of the same ndarray calls.
+//!
+//! # Errors
+//!
+//! A misfit known at the call (shapes that do not broadcast or multiply,
+//! an axis out of range, operands on different devices) is
+//! [`Error::Array`](crate::Error::Array), naming the operation and both
+//! shapes, from the method (`a.add(&b)?`). Operators (`&a + &b`) cannot
+//! return an error: they return a failed array instead, whose reads
+//! resolve to that same error. A failure inside an op (and any operation
+//! on its result) resolves at the read to the original failure, as for
+//! any op ([`Error::Poisoned`](crate::Error::Poisoned)).
+//!
+//! # Graph mode
+//!
+//! [`record`] runs a function of arrays once and records its operations
+//! into a [`Graph`](crate::Graph) instead of pushing them; a replay runs
+//! them again, each time, on the arrays from outside the recording, with
+//! the arrays made inside as planned buffers sharing the graph's arena.
+//! The same function runs eagerly when called outside [`record`]: the
+//! choice is the caller's (SINGA's `model.graph(True)`). See [`record`].
+//!
+//! # Devices
+//!
+//! [`Arrays::on`] makes arrays on another device of the engine; operands
+//! of one operation must share a device ([`Array::to`] copies). Array
+//! values live in host memory and kernels run on the host: on CPU
+//! devices, each with its own executor. Stream devices (CUDA, the
+//! simulated GPU) are not yet supported by arrays.
+//!
+//! The layer uses only the engine's public API.
+
+mod array;
+mod arrays;
+mod copy;
+mod elementwise;
+mod layout;
+mod linalg;
+mod mode;
+mod operators;
+mod reduce;
+mod shape;
+
+pub use array::{Array, Values};
+pub use arrays::Arrays;
+pub use layout::concat;
+pub use mode::{is_recording, record, recording};

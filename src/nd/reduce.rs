@@ -1,0 +1,244 @@
+//! Reductions (sum, mean, max, argmax over an axis or the whole array) and
+//! the softmaxes, each one op computed by ndarray's own reductions
+//! (`sum_axis`, `mean_axis`, `fold_axis`, `sum`), so that a result is
+//! bit for bit what those calls give on the same values.
+
+use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Zip};
+
+use super::shape::{Shape, axis, misfit, view, view_mut};
+use super::{Array, mode};
+use crate::error::{BoxError, Error};
+
+/// A kernel from an input view to an output view.
+type Kernel = fn(ArrayViewD<'_, f32>, ArrayViewMutD<'_, f32>, usize) -> Result<(), BoxError>;
+
+fn max_of(x: &ArrayViewD<'_, f32>, along: usize) -> ndarray::ArrayD<f32> {
+    x.fold_axis(Axis(along), f32::NEG_INFINITY, |&m, &v| m.max(v))
+}
+
+impl Array {
+    /// One op from `self` into a new array of `shape`, by `kernel` (given
+    /// the axis `along`).
+    fn reduced(
+        &self,
+        op: &'static str,
+        shape: Shape,
+        along: usize,
+        kernel: Kernel,
+    ) -> Result<Array, Error> {
+        let result = Array::uninit(self.engine(), self.device(), shape.clone());
+        let (x, o) = (self.buffer().clone(), result.buffer().clone());
+        let sx = self.shape_arc().clone();
+        mode::submit(
+            self.engine(),
+            self.device(),
+            op,
+            &[self.buffer()],
+            &[result.buffer()],
+            move |ctx| {
+                let (xd, mut od) = (ctx.read(&x)?, ctx.write(&o)?);
+                kernel(view(&sx, &xd)?, view_mut(&shape, &mut od)?, along)
+            },
+        )?;
+        Ok(result)
+    }
+
+    /// `self`'s shape without axis `along`, checked.
+    fn without(&self, op: &'static str, along: usize) -> Result<Shape, Error> {
+        axis(op, self.shape(), along)?;
+        let mut shape = self.shape().to_vec();
+        shape.remove(along);
+        Ok(shape.into())
+    }
+
+    /// The sums along axis `along` (which the result drops), as ndarray's
+    /// `sum_axis`.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, nd};
+    ///
+    /// let arrays = nd::Arrays::new(&Engine::new());
+    /// let a = arrays.from_vec(vec![1.0, 2.0, 3.0, 4.0], &[2, 2])?;
+    /// assert_eq!(a.sum_axis(0)?.to_vec().wait()?, [4.0, 6.0]);
+    /// assert_eq!(a.sum()?.item()?, 10.0);
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `along` is not an axis of the array.
+    pub fn sum_axis(&self, along: usize) -> Result<Array, Error> {
+        let shape = self.without("sum_axis", along)?;
+        self.reduced("sum_axis", shape, along, |x, mut o, along| {
+            o.assign(&x.sum_axis(Axis(along)));
+            Ok(())
+        })
+    }
+
+    /// The means along axis `along` (NaN for an empty axis), as ndarray's
+    /// `mean_axis`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `along` is not an axis of the array.
+    pub fn mean_axis(&self, along: usize) -> Result<Array, Error> {
+        let shape = self.without("mean_axis", along)?;
+        self.reduced("mean_axis", shape, along, |x, mut o, along| {
+            match x.mean_axis(Axis(along)) {
+                Some(mean) => o.assign(&mean),
+                None => o.fill(f32::NAN),
+            }
+            Ok(())
+        })
+    }
+
+    /// The largest values along axis `along` (`f32::max`: NaNs lose to
+    /// numbers; −∞ for an empty axis).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `along` is not an axis of the array.
+    pub fn max_axis(&self, along: usize) -> Result<Array, Error> {
+        let shape = self.without("max_axis", along)?;
+        self.reduced("max_axis", shape, along, |x, mut o, along| {
+            o.assign(&max_of(&x, along));
+            Ok(())
+        })
+    }
+
+    /// The index of the largest value along axis `along` (the first, if
+    /// several; a NaN is never larger), as `f32`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `along` is not an axis of the array, or it is
+    /// empty.
+    pub fn argmax(&self, along: usize) -> Result<Array, Error> {
+        let shape = self.without("argmax", along)?;
+        if self.shape()[along] == 0 {
+            return Err(misfit(
+                "argmax",
+                format!("axis {along} of shape {:?} is empty", self.shape()),
+            ));
+        }
+        self.reduced("argmax", shape, along, |x, mut o, along| {
+            Zip::from(&mut o)
+                .and(x.lanes(Axis(along)))
+                .for_each(|o, lane| {
+                    let (mut best, mut at) = (lane[0], 0);
+                    for (i, &v) in lane.iter().enumerate().skip(1) {
+                        if v > best {
+                            (best, at) = (v, i);
+                        }
+                    }
+                    *o = at as f32;
+                });
+            Ok(())
+        })
+    }
+
+    /// The sum of all elements, as a scalar array (shape `[]`), as
+    /// ndarray's `sum`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutDown`] after shutdown.
+    pub fn sum(&self) -> Result<Array, Error> {
+        self.reduced("sum", Shape::from([]), 0, |x, mut o, _| {
+            o.fill(x.sum());
+            Ok(())
+        })
+    }
+
+    /// The mean of all elements (NaN for none), as a scalar array.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutDown`] after shutdown.
+    pub fn mean(&self) -> Result<Array, Error> {
+        self.reduced("mean", Shape::from([]), 0, |x, mut o, _| {
+            o.fill(x.mean().unwrap_or(f32::NAN));
+            Ok(())
+        })
+    }
+
+    /// The largest element (−∞ for none), as a scalar array.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutDown`] after shutdown.
+    pub fn max(&self) -> Result<Array, Error> {
+        self.reduced("max", Shape::from([]), 0, |x, mut o, _| {
+            o.fill(x.fold(f32::NEG_INFINITY, |m, &v| m.max(v)));
+            Ok(())
+        })
+    }
+
+    /// The softmax along axis `along`: `exp(x - max) / sum(exp(x - max))`
+    /// per lane, the max subtracted for stability.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, nd};
+    ///
+    /// let arrays = nd::Arrays::new(&Engine::new());
+    /// let p = arrays.from_vec(vec![0.0, 0.0, 5.0, 5.0], &[2, 2])?.softmax(1)?;
+    /// assert_eq!(p.to_vec().wait()?, [0.5, 0.5, 0.5, 0.5]);
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `along` is not an axis of the array.
+    pub fn softmax(&self, along: usize) -> Result<Array, Error> {
+        axis("softmax", self.shape(), along)?;
+        self.reduced(
+            "softmax",
+            self.shape_arc().clone(),
+            along,
+            |x, mut o, along| {
+                let max = max_of(&x, along).insert_axis(Axis(along));
+                Zip::from(&mut o)
+                    .and(&x)
+                    .and_broadcast(&max)
+                    .for_each(|o, &x, &m| *o = (x - m).exp());
+                let sum = o.sum_axis(Axis(along)).insert_axis(Axis(along));
+                Zip::from(&mut o)
+                    .and_broadcast(&sum)
+                    .for_each(|o, &s| *o /= s);
+                Ok(())
+            },
+        )
+    }
+
+    /// The log of the softmax along axis `along`:
+    /// `x - max - ln(sum(exp(x - max)))` per lane, computed so (not as the
+    /// log of [`softmax`](Self::softmax)) for stability.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if `along` is not an axis of the array.
+    pub fn log_softmax(&self, along: usize) -> Result<Array, Error> {
+        axis("log_softmax", self.shape(), along)?;
+        self.reduced(
+            "log_softmax",
+            self.shape_arc().clone(),
+            along,
+            |x, mut o, along| {
+                let max = max_of(&x, along).insert_axis(Axis(along));
+                Zip::from(&mut o)
+                    .and(&x)
+                    .and_broadcast(&max)
+                    .for_each(|o, &x, &m| *o = x - m);
+                let log_sum = o
+                    .mapv(f32::exp)
+                    .sum_axis(Axis(along))
+                    .mapv(f32::ln)
+                    .insert_axis(Axis(along));
+                Zip::from(&mut o)
+                    .and_broadcast(&log_sum)
+                    .for_each(|o, &l| *o -= l);
+                Ok(())
+            },
+        )
+    }
+}
