@@ -312,6 +312,27 @@ impl Engine {
             .map(|d| d.name.as_str())
     }
 
+    /// Whether `device` is a stream device of this engine (a GPU, or a
+    /// simulated one: see [`stream`](crate::stream)), whose ops enqueue
+    /// work on streams instead of running on a host thread.
+    ///
+    /// ```
+    /// use depflow::{Engine, Executor};
+    ///
+    /// let engine = Engine::builder().device("gpu0", Executor::simulated_gpu(1)).build()?;
+    /// assert!(engine.is_stream_device(engine.device("gpu0").unwrap()));
+    /// assert!(!engine.is_stream_device(engine.default_device()));
+    /// # Ok::<(), depflow::Error>(())
+    /// ```
+    pub fn is_stream_device(&self, device: Device) -> bool {
+        device.engine == self.shared().id
+            && self
+                .shared()
+                .devices
+                .get(device.index())
+                .is_some_and(|d| d.exec.stream_device().is_some())
+    }
+
     /// Describes an op to push with more options: a name, a priority, a
     /// device. See [`OpBuilder`].
     ///

@@ -229,6 +229,26 @@ impl<T: Send + 'static> Values<T> {
     }
 }
 
+impl<T: Send + 'static> Values<T> {
+    /// As [`wait`](Self::wait), giving up after `timeout` (see
+    /// [`OpHandle::wait_timeout`]); the read stays pending, so waiting
+    /// again may still get the values.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TimedOut`] after `timeout`; else as [`wait`](Self::wait).
+    ///
+    /// # Panics
+    ///
+    /// If the values were already returned, as [`OpHandle::wait_timeout`].
+    pub fn wait_timeout(&mut self, timeout: std::time::Duration) -> Result<T, Error> {
+        match &mut self.0 {
+            Pending::Pushed(handle) => handle.wait_timeout(timeout),
+            Pending::Refused(e) => Err(e.take().expect("Values waited for after it returned")),
+        }
+    }
+}
+
 impl<T: Send + 'static> Future for Values<T> {
     type Output = Result<T, Error>;
 

@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal, Uniform};
 
-use super::shape::{Shape, misfit, numel};
+use super::shape::{Shape, host_device, misfit, numel};
 use super::{Array, mode};
 use crate::dep::{Device, Var};
 use crate::engine::Engine;
@@ -53,14 +53,11 @@ impl Arrays {
     ///
     /// # Errors
     ///
-    /// [`Error::Array`] if `device` is not a device of the engine.
+    /// [`Error::Array`] if `device` is not a device of the engine, or is a
+    /// stream device ([`Engine::is_stream_device`]: arrays there are not
+    /// built yet).
     pub fn on(&self, device: Device) -> Result<Arrays, Error> {
-        if self.engine.device_name(device).is_none() {
-            return Err(misfit(
-                "on",
-                format!("{device:?} is not a device of this engine"),
-            ));
-        }
+        host_device("on", &self.engine, device)?;
         Ok(Arrays {
             device,
             ..self.clone()

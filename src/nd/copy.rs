@@ -1,7 +1,7 @@
 //! Copies between devices: one op on the destination's device that reads
 //! the source and writes the destination.
 
-use super::shape::misfit;
+use super::shape::{host_device, misfit};
 use super::{Array, mode};
 use crate::dep::Device;
 use crate::error::Error;
@@ -25,17 +25,10 @@ impl Array {
     ///
     /// # Errors
     ///
-    /// [`Error::Array`] if `device` is not a device of the array's engine.
+    /// [`Error::Array`] if `device` is not a device of the array's engine,
+    /// or is a stream device (see [`Arrays::on`](super::Arrays::on)).
     pub fn to(&self, device: Device) -> Result<Array, Error> {
-        if self.engine().device_name(device).is_none() {
-            return Err(misfit(
-                "to",
-                format!(
-                    "{device:?} is not a device of the engine of the array of shape {:?}",
-                    self.shape()
-                ),
-            ));
-        }
+        host_device("to", self.engine(), device)?;
         let result = Array::uninit(self.engine(), device, self.shape_arc().clone());
         copy(self, &result)?;
         Ok(result)

@@ -65,8 +65,9 @@
 //! [`Arrays::on`] makes arrays on another device of the engine; operands
 //! of one operation must share a device ([`Array::to`] copies). Array
 //! values live in host memory and kernels run on the host: on CPU
-//! devices, each with its own executor. Stream devices (CUDA, the
-//! simulated GPU) are not yet supported by arrays.
+//! devices, each with its own executor. Arrays on stream devices (CUDA,
+//! the simulated GPU) are not built yet: [`Arrays::on`] and
+//! [`Array::to`] refuse them with [`Error::Array`](crate::Error::Array).
 //!
 //! The layer uses only the engine's public API.
 

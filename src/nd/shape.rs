@@ -7,6 +7,8 @@ use std::sync::Arc;
 use ndarray::{ArrayViewD, ArrayViewMutD, IxDyn};
 
 use super::Array;
+use crate::dep::Device;
+use crate::engine::Engine;
 use crate::error::{BoxError, Error};
 
 /// An array's shape, shared by the array and the ops that use it.
@@ -88,6 +90,25 @@ pub(super) fn same_device(op: &'static str, arrays: &[&Array]) -> Result<(), Err
                 other.shape()
             ),
         )),
+    }
+}
+
+/// Checks that arrays can live on `device`: a device of `engine` that
+/// runs ops on host threads (arrays on stream devices are not built yet).
+pub(super) fn host_device(op: &'static str, engine: &Engine, device: Device) -> Result<(), Error> {
+    match engine.device_name(device) {
+        None => Err(misfit(
+            op,
+            format!("{device:?} is not a device of the array's engine"),
+        )),
+        Some(name) if engine.is_stream_device(device) => Err(misfit(
+            op,
+            format!(
+                "device {name:?} is a stream device: arrays live in host memory and run host \
+                 kernels, on CPU devices only (arrays on GPUs are not built yet)"
+            ),
+        )),
+        Some(_) => Ok(()),
     }
 }
 
