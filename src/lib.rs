@@ -53,6 +53,11 @@
 //! [`Engine`] and [`Recorder`] implement, declares a step once and runs it
 //! either way.
 //!
+//! With the `nd` feature, `depflow::nd` gives arrays on the engine
+//! (MXNet's NDArray): every array operation is an op whose reads and
+//! mutations come from its operands, and `nd::record` records the same
+//! array code into a graph.
+//!
 //! # Waiting, deleting
 //!
 //! [`Engine::wait_for_var`] waits for every mutation pushed on a variable so
