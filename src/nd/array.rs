@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use super::autograd::Grad;
 use super::mode;
 use super::shape::{Shape, numel};
 use crate::dep::{Buffer, Device, OpCtx};
@@ -42,6 +43,8 @@ struct Inner {
     shape: Shape,
     device: Device,
     engine: Engine,
+    /// Whether and how gradients flow through it (see `autograd`).
+    grad: Grad,
 }
 
 impl Array {
@@ -59,7 +62,30 @@ impl Array {
                 shape,
                 device,
                 engine: engine.clone(),
+                grad: Grad::None,
             }),
+        }
+    }
+
+    pub(super) fn grad_kind(&self) -> &Grad {
+        &self.inner.grad
+    }
+
+    /// Sets how gradients flow through a new array: on this handle if it
+    /// is the only one, else on a new handle to the same values.
+    pub(super) fn set_grad_kind(&mut self, grad: Grad) {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.grad = grad,
+            None => {
+                let mut fresh = Array::over(
+                    &self.inner.engine,
+                    self.inner.device,
+                    self.inner.shape.clone(),
+                    self.inner.data.clone(),
+                );
+                Arc::get_mut(&mut fresh.inner).expect("a new handle").grad = grad;
+                *self = fresh;
+            }
         }
     }
 

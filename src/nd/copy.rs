@@ -31,7 +31,10 @@ impl Array {
         host_device("to", self.engine(), device)?;
         let result = Array::uninit(self.engine(), device, self.shape_arc().clone());
         copy(self, &result)?;
-        Ok(result)
+        Ok(result.tracked("to", &[self], |_| {
+            let from = self.device();
+            Box::new(move |dy| Ok(vec![Some(dy.to(from)?)]))
+        }))
     }
 
     /// Copies the values into `dest`, an array of the same shape on any
@@ -42,6 +45,7 @@ impl Array {
     /// [`Error::Array`] if the shapes differ or `dest` belongs to another
     /// engine.
     pub fn copy_to(&self, dest: &Array) -> Result<(), Error> {
+        dest.writable("copy_to")?;
         if self.shape() != dest.shape() {
             return Err(misfit(
                 "copy_to",

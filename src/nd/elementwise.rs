@@ -8,6 +8,7 @@
 
 use ndarray::{ArrayView1, ArrayViewMut1, Zip};
 
+use super::derivatives::{BinaryGrad, ScalarGrad, UnaryGrad};
 use super::shape::{broadcast, broadcasts_to, same_device, view, view_mut};
 use super::{Array, mode};
 use crate::error::{BoxError, Error};
@@ -80,7 +81,7 @@ enum Side {
 
 impl Array {
     /// `self op other`, broadcast, as a new array.
-    pub(super) fn zip<K: Binary>(&self, other: &Array) -> Result<Array, Error> {
+    pub(super) fn zip<K: BinaryGrad>(&self, other: &Array) -> Result<Array, Error> {
         same_device(K::NAME, &[self, other])?;
         let shape = broadcast(K::NAME, self.shape(), other.shape())?;
         let out = Array::uninit(self.engine(), self.device(), shape.clone());
@@ -113,11 +114,21 @@ impl Array {
                 Ok(())
             },
         )?;
-        Ok(out)
+        Ok(out.tracked(K::NAME, &[self, other], |_| {
+            let (x, y) = (self.clone(), other.clone());
+            Box::new(move |dy| {
+                let [dx, dy_y] = K::grads(&x, &y, dy)?;
+                Ok(vec![
+                    dx.map(|g| g.sum_to(x.shape())).transpose()?,
+                    dy_y.map(|g| g.sum_to(y.shape())).transpose()?,
+                ])
+            })
+        }))
     }
 
     /// `self = self op other`, `other` broadcast to `self`'s shape.
     pub(super) fn zip_assign<K: Binary>(&self, other: &Array) -> Result<(), Error> {
+        self.writable(K::NAME)?;
         same_device(K::NAME, &[self, other])?;
         broadcasts_to(K::NAME, other.shape(), self.shape())?;
         let (t, y) = (self.buffer().clone(), other.buffer().clone());
@@ -153,7 +164,7 @@ impl Array {
         )
     }
 
-    fn scalar<K: Binary>(&self, s: f32, side: Side) -> Result<Array, Error> {
+    fn scalar<K: ScalarGrad>(&self, s: f32, side: Side) -> Result<Array, Error> {
         let out = Array::uninit(self.engine(), self.device(), self.shape_arc().clone());
         let (x, o) = (self.buffer().clone(), out.buffer().clone());
         mode::submit(
@@ -173,7 +184,11 @@ impl Array {
                 Ok(())
             },
         )?;
-        Ok(out)
+        Ok(out.tracked(K::NAME, &[self], |_| {
+            let x = self.clone();
+            let left = matches!(side, Side::Left);
+            Box::new(move |dy| Ok(vec![K::grad(&x, s, left, dy)?]))
+        }))
     }
 
     fn scalar_assign<K: Binary>(&self, s: f32) -> Result<(), Error> {
@@ -188,6 +203,33 @@ impl Array {
     where
         F: Fn(&mut [f32]) -> Result<(), BoxError> + Send + Sync + 'static,
     {
+        self.writable(name)?;
+        self.mutate_unchecked(name, f)
+    }
+
+    /// Checks that operation `op` may change `self` in place: not while a
+    /// gradient flows through it (the backward pass would read the new
+    /// values), unless gradients are off ([`no_grad`](super::no_grad),
+    /// where updates run).
+    pub(super) fn writable(&self, op: &'static str) -> Result<(), Error> {
+        if self.requires_grad() && super::is_grad_enabled() {
+            return Err(super::shape::misfit(
+                op,
+                format!(
+                    "an in-place operation on an array of shape {:?} that requires a gradient: \
+                     update it inside nd::no_grad, or use the operation that returns a new array",
+                    self.shape()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`mutate`](Self::mutate) without the check.
+    fn mutate_unchecked<F>(&self, name: &'static str, f: F) -> Result<(), Error>
+    where
+        F: Fn(&mut [f32]) -> Result<(), BoxError> + Send + Sync + 'static,
+    {
         let t = self.buffer().clone();
         mode::submit(
             self.engine(),
@@ -199,7 +241,7 @@ impl Array {
         )
     }
 
-    pub(super) fn map<K: Unary>(&self) -> Result<Array, Error> {
+    pub(super) fn map<K: UnaryGrad>(&self) -> Result<Array, Error> {
         let out = Array::uninit(self.engine(), self.device(), self.shape_arc().clone());
         let (x, o) = (self.buffer().clone(), out.buffer().clone());
         mode::submit(
@@ -216,7 +258,10 @@ impl Array {
                 Ok(())
             },
         )?;
-        Ok(out)
+        Ok(out.tracked(K::NAME, &[self], |y| {
+            let x = self.clone();
+            Box::new(move |dy| Ok(vec![Some(K::grad(&x, &y, dy)?)]))
+        }))
     }
 
     /// A failed array standing in for the result of `op`, for operators,
@@ -236,7 +281,7 @@ impl Array {
         };
         // Refused only if the engine is shut down, when every later read is
         // refused too.
-        let _ = self.mutate(name, move |_| Err(Box::new(error.clone())));
+        let _ = self.mutate_unchecked(name, move |_| Err(Box::new(error.clone())));
     }
 }
 

@@ -40,12 +40,16 @@ impl Array {
                 ),
             ));
         }
-        Ok(Array::over(
+        let out = Array::over(
             self.engine(),
             self.device(),
             shape.into(),
             self.buffer().clone(),
-        ))
+        );
+        Ok(out.tracked("reshape", &[self], |_| {
+            let back = self.shape_arc().clone();
+            Box::new(move |dy| Ok(vec![Some(dy.reshape(&back)?)]))
+        }))
     }
 
     /// The elements `range` along `axis`, as a new array (MXNet's
@@ -68,6 +72,7 @@ impl Array {
                 ),
             ));
         }
+        let (range_start, range_end) = (range.start, range.end);
         let mut shape = self.shape().to_vec();
         shape[along] = range.len();
         let shape: Shape = shape.into();
@@ -88,7 +93,51 @@ impl Array {
                 Ok(())
             },
         )?;
-        Ok(result)
+        Ok(result.tracked(OP, &[self], |_| {
+            let x = self.detach();
+            let (start, end) = (range_start, range_end);
+            Box::new(move |dy| {
+                // dy in place of the slice, zeros around it.
+                let mut around = x.shape().to_vec();
+                around[along] = start;
+                let before = x.full(&around, 0.0)?;
+                around[along] = x.shape()[along] - end;
+                let after = x.full(&around, 0.0)?;
+                Ok(vec![Some(concat(&[&before, dy, &after], along)?)])
+            })
+        }))
+    }
+
+    /// A new array of `shape` filled with `value`, on `self`'s device.
+    pub(super) fn full(&self, shape: &[usize], value: f32) -> Result<Array, Error> {
+        let out = Array::uninit(self.engine(), self.device(), shape.into());
+        out.fill(value)?;
+        Ok(out)
+    }
+
+    /// The values broadcast to `shape` (NumPy's rule), as a new array.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, nd};
+    ///
+    /// let arrays = nd::Arrays::new(&Engine::new());
+    /// let row = arrays.arange(3)?;
+    /// assert_eq!(row.broadcast_to(&[2, 3])?.to_vec().wait()?, [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]);
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] if the shape does not broadcast to `shape`.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Array, Error> {
+        const OP: &str = "broadcast_to";
+        super::shape::broadcasts_to(OP, self.shape(), shape)?;
+        let out = Array::uninit(self.engine(), self.device(), shape.into());
+        out.assign(self)?;
+        Ok(out.tracked(OP, &[self], |_| {
+            let back = self.shape_arc().clone();
+            Box::new(move |dy| Ok(vec![Some(dy.sum_to(&back)?)]))
+        }))
     }
 }
 
@@ -163,5 +212,17 @@ pub fn concat(arrays: &[&Array], along: usize) -> Result<Array, Error> {
             Ok(())
         },
     )?;
-    Ok(result)
+    let lengths: Vec<usize> = arrays.iter().map(|a| a.shape()[along]).collect();
+    Ok(result.tracked(OP, arrays, |_| {
+        Box::new(move |dy| {
+            let mut at = 0;
+            lengths
+                .iter()
+                .map(|&n| {
+                    at += n;
+                    dy.slice_axis(along, at - n..at).map(Some)
+                })
+                .collect()
+        })
+    }))
 }

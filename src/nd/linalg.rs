@@ -81,7 +81,20 @@ impl Array {
                 Ok(())
             },
         )?;
-        Ok(result)
+        Ok(result.tracked(OP, &[self, other], |_| {
+            let (a, b) = (self.clone(), other.clone());
+            Box::new(move |dy| {
+                // dA = dY Bᵀ, dB = Aᵀ dY (per batch entry)
+                let swap = |m: &Array| match m.ndim() {
+                    2 => m.permute(&[1, 0]),
+                    _ => m.permute(&[0, 2, 1]),
+                };
+                Ok(vec![
+                    Some(dy.matmul(&swap(&b)?)?),
+                    Some(swap(&a)?.matmul(dy)?),
+                ])
+            })
+        }))
     }
 
     /// The transpose: the axes reversed (`[m, n] → [n, m]`), as a new
@@ -122,7 +135,8 @@ impl Array {
         let result = Array::uninit(self.engine(), self.device(), shape.clone());
         let (x, o) = (self.buffer().clone(), result.buffer().clone());
         let sx = self.shape_arc().clone();
-        let axes: Box<[usize]> = axes.into();
+        let kept: Box<[usize]> = axes.into();
+        let axes = kept.clone();
         mode::submit(
             self.engine(),
             self.device(),
@@ -136,6 +150,12 @@ impl Array {
                 Ok(())
             },
         )?;
-        Ok(result)
+        Ok(result.tracked(OP, &[self], |_| {
+            let mut inverse = vec![0; kept.len()];
+            for (i, &a) in kept.iter().enumerate() {
+                inverse[a] = i;
+            }
+            Box::new(move |dy| Ok(vec![Some(dy.permute(&inverse)?)]))
+        }))
     }
 }

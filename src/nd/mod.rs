@@ -73,7 +73,9 @@
 
 mod array;
 mod arrays;
+mod autograd;
 mod copy;
+mod derivatives;
 mod elementwise;
 mod layout;
 mod linalg;
@@ -84,5 +86,6 @@ mod shape;
 
 pub use array::{Array, Values};
 pub use arrays::Arrays;
+pub use autograd::{is_grad_enabled, no_grad};
 pub use layout::concat;
 pub use mode::{is_recording, record, recording};

@@ -16,7 +16,90 @@ fn max_of(x: &ArrayViewD<'_, f32>, along: usize) -> ndarray::ArrayD<f32> {
     x.fold_axis(Axis(along), f32::NEG_INFINITY, |&m, &v| m.max(v))
 }
 
+/// What a reduction (or softmax) computed, for its gradient: the axis, or
+/// `None` for the whole array.
+#[derive(Clone, Copy)]
+enum Reduction {
+    Sum(Option<usize>),
+    Mean(Option<usize>),
+    Max(Option<usize>),
+    Softmax(usize),
+    LogSoftmax(usize),
+}
+
+impl Reduction {
+    fn name(self) -> &'static str {
+        match self {
+            Reduction::Sum(Some(_)) => "sum_axis",
+            Reduction::Sum(None) => "sum",
+            Reduction::Mean(Some(_)) => "mean_axis",
+            Reduction::Mean(None) => "mean",
+            Reduction::Max(Some(_)) => "max_axis",
+            Reduction::Max(None) => "max",
+            Reduction::Softmax(_) => "softmax",
+            Reduction::LogSoftmax(_) => "log_softmax",
+        }
+    }
+
+    /// The gradient for `x`, given the result `y` (detached) and its
+    /// gradient `dy`.
+    fn grad(self, x: &Array, y: &Array, dy: &Array) -> Result<Array, Error> {
+        // `dy` (or `y`) with the reduced axes kept as 1s, to broadcast
+        // against `x`.
+        let kept = |a: &Array, along: Option<usize>| {
+            let shape: Vec<usize> = match along {
+                Some(k) => {
+                    let mut s = a.shape().to_vec();
+                    s.insert(k, 1);
+                    s
+                }
+                None => vec![1; x.ndim()],
+            };
+            a.reshape(&shape)
+        };
+        match self {
+            Reduction::Sum(along) => kept(dy, along)?.broadcast_to(x.shape()),
+            Reduction::Mean(along) => {
+                let n = match along {
+                    Some(k) => x.shape()[k],
+                    None => x.len(),
+                };
+                kept(dy, along)?
+                    .broadcast_to(x.shape())?
+                    .div_scalar(n as f32)
+            }
+            // Every maximal element gets the gradient (a subgradient).
+            Reduction::Max(along) => x.eq(&kept(y, along)?)?.mul(&kept(dy, along)?),
+            Reduction::Softmax(k) => {
+                // y (dy - Σ dy y)
+                let dot = kept(&dy.mul(y)?.sum_axis(k)?, Some(k))?;
+                y.mul(&dy.sub(&dot)?)
+            }
+            Reduction::LogSoftmax(k) => {
+                // dy - softmax(x) Σ dy
+                let total = kept(&dy.sum_axis(k)?, Some(k))?;
+                dy.sub(&y.exp()?.mul(&total)?)
+            }
+        }
+    }
+}
+
 impl Array {
+    /// [`reduced`](Self::reduced), and the result's gradient.
+    fn reduction(
+        &self,
+        what: Reduction,
+        shape: Shape,
+        along: usize,
+        kernel: Kernel,
+    ) -> Result<Array, Error> {
+        let out = self.reduced(what.name(), shape, along, kernel)?;
+        Ok(out.tracked(what.name(), &[self], |y| {
+            let x = self.clone();
+            Box::new(move |dy| Ok(vec![Some(what.grad(&x, &y, dy)?)]))
+        }))
+    }
+
     /// One op from `self` into a new array of `shape`, by `kernel` (given
     /// the axis `along`).
     fn reduced(
@@ -69,10 +152,15 @@ impl Array {
     /// [`Error::Array`] if `along` is not an axis of the array.
     pub fn sum_axis(&self, along: usize) -> Result<Array, Error> {
         let shape = self.without("sum_axis", along)?;
-        self.reduced("sum_axis", shape, along, |x, mut o, along| {
-            o.assign(&x.sum_axis(Axis(along)));
-            Ok(())
-        })
+        self.reduction(
+            Reduction::Sum(Some(along)),
+            shape,
+            along,
+            |x, mut o, along| {
+                o.assign(&x.sum_axis(Axis(along)));
+                Ok(())
+            },
+        )
     }
 
     /// The means along axis `along` (NaN for an empty axis), as ndarray's
@@ -83,13 +171,18 @@ impl Array {
     /// [`Error::Array`] if `along` is not an axis of the array.
     pub fn mean_axis(&self, along: usize) -> Result<Array, Error> {
         let shape = self.without("mean_axis", along)?;
-        self.reduced("mean_axis", shape, along, |x, mut o, along| {
-            match x.mean_axis(Axis(along)) {
-                Some(mean) => o.assign(&mean),
-                None => o.fill(f32::NAN),
-            }
-            Ok(())
-        })
+        self.reduction(
+            Reduction::Mean(Some(along)),
+            shape,
+            along,
+            |x, mut o, along| {
+                match x.mean_axis(Axis(along)) {
+                    Some(mean) => o.assign(&mean),
+                    None => o.fill(f32::NAN),
+                }
+                Ok(())
+            },
+        )
     }
 
     /// The largest values along axis `along` (`f32::max`: NaNs lose to
@@ -100,10 +193,15 @@ impl Array {
     /// [`Error::Array`] if `along` is not an axis of the array.
     pub fn max_axis(&self, along: usize) -> Result<Array, Error> {
         let shape = self.without("max_axis", along)?;
-        self.reduced("max_axis", shape, along, |x, mut o, along| {
-            o.assign(&max_of(&x, along));
-            Ok(())
-        })
+        self.reduction(
+            Reduction::Max(Some(along)),
+            shape,
+            along,
+            |x, mut o, along| {
+                o.assign(&max_of(&x, along));
+                Ok(())
+            },
+        )
     }
 
     /// The index of the largest value along axis `along` (the first, if
@@ -144,7 +242,7 @@ impl Array {
     ///
     /// [`Error::ShutDown`] after shutdown.
     pub fn sum(&self) -> Result<Array, Error> {
-        self.reduced("sum", Shape::from([]), 0, |x, mut o, _| {
+        self.reduction(Reduction::Sum(None), Shape::from([]), 0, |x, mut o, _| {
             o.fill(x.sum());
             Ok(())
         })
@@ -156,7 +254,7 @@ impl Array {
     ///
     /// [`Error::ShutDown`] after shutdown.
     pub fn mean(&self) -> Result<Array, Error> {
-        self.reduced("mean", Shape::from([]), 0, |x, mut o, _| {
+        self.reduction(Reduction::Mean(None), Shape::from([]), 0, |x, mut o, _| {
             o.fill(x.mean().unwrap_or(f32::NAN));
             Ok(())
         })
@@ -168,7 +266,7 @@ impl Array {
     ///
     /// [`Error::ShutDown`] after shutdown.
     pub fn max(&self) -> Result<Array, Error> {
-        self.reduced("max", Shape::from([]), 0, |x, mut o, _| {
+        self.reduction(Reduction::Max(None), Shape::from([]), 0, |x, mut o, _| {
             o.fill(x.fold(f32::NEG_INFINITY, |m, &v| m.max(v)));
             Ok(())
         })
@@ -191,8 +289,8 @@ impl Array {
     /// [`Error::Array`] if `along` is not an axis of the array.
     pub fn softmax(&self, along: usize) -> Result<Array, Error> {
         axis("softmax", self.shape(), along)?;
-        self.reduced(
-            "softmax",
+        self.reduction(
+            Reduction::Softmax(along),
             self.shape_arc().clone(),
             along,
             |x, mut o, along| {
@@ -219,8 +317,8 @@ impl Array {
     /// [`Error::Array`] if `along` is not an axis of the array.
     pub fn log_softmax(&self, along: usize) -> Result<Array, Error> {
         axis("log_softmax", self.shape(), along)?;
-        self.reduced(
-            "log_softmax",
+        self.reduction(
+            Reduction::LogSoftmax(along),
             self.shape_arc().clone(),
             along,
             |x, mut o, along| {
