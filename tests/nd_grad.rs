@@ -74,6 +74,7 @@ fn case(
 const ANY: Range = (-2.0, 2.0, 0.0);
 const AWAY: Range = (-2.0, 2.0, 0.2);
 const POSITIVE: Range = (0.5, 2.0, 0.0);
+const SMALL: Range = (0.0, 0.3, 0.0);
 
 fn loss_of(arrays: &Arrays, f: &Op, xs: &[Array], r: &[f32]) -> Result<(Array, Vec<usize>), Error> {
     let y = f(xs)?;
@@ -209,6 +210,23 @@ fn cases() -> Vec<Case> {
         case("max", &[(&[5], ANY)], |x| x[0].max()),
         case("softmax", &[(&[2, 4], ANY)], |x| x[0].softmax(1)),
         case("log_softmax", &[(&[3, 4], ANY)], |x| x[0].log_softmax(1)),
+        case(
+            "conv2d, padded",
+            &[(&[2, 2, 4, 4], ANY), (&[3, 2, 3, 3], ANY)],
+            |x| x[0].conv2d(&x[1], 1, 1),
+        ),
+        case(
+            "conv2d, strided",
+            &[(&[1, 1, 5, 5], ANY), (&[2, 1, 2, 2], ANY)],
+            |x| x[0].conv2d(&x[1], 2, 0),
+        ),
+        case("max_pool2d", &[(&[2, 2, 4, 4], SMALL)], |x| {
+            // Distinct values (offsets a permutation of 0..64), so that
+            // no window has a tie within ±h.
+            let offsets: Vec<f32> = (0..64).map(|i| ((i * 13) % 64) as f32).collect();
+            let offsets = Arrays::new(x[0].engine()).from_vec(offsets, &[2, 2, 4, 4])?;
+            x[0].add(&offsets)?.max_pool2d(2, 2)
+        }),
         case("one input used twice", &[(&[3], ANY)], |x| {
             x[0].mul(&x[0].exp()?)
         }),

@@ -74,6 +74,7 @@
 mod array;
 mod arrays;
 mod autograd;
+mod conv;
 mod copy;
 mod derivatives;
 mod elementwise;
