@@ -81,7 +81,9 @@ mod elementwise;
 mod layout;
 mod linalg;
 mod mode;
+pub mod nn;
 mod operators;
+pub mod optim;
 mod reduce;
 mod shape;
 
