@@ -167,10 +167,21 @@ fn main() -> Result<(), Error> {
     let logits = forward(&graphed, &test_x)?.pop().expect("logits");
     let accuracy = logits.argmax(1)?.eq(&test_y)?.mean()?.item()?;
     let us = |t: Duration| t.as_secs_f64() * 1e6;
-    println!("time per step: eager {:.1} us, graph {:.1} us", us(eager_time), us(graph_time));
+    println!(
+        "time per step: eager {:.1} us, graph {:.1} us",
+        us(eager_time),
+        us(graph_time)
+    );
     println!("eager and graph weights bit-identical after {EPOCHS} epochs: {same}");
-    println!("test accuracy: {:.1}% (the least accepted: {:.0}%)", accuracy * 100.0, MIN_ACCURACY * 100.0);
+    println!(
+        "test accuracy: {:.1}% (the least accepted: {:.0}%)",
+        accuracy * 100.0,
+        MIN_ACCURACY * 100.0
+    );
     assert!(same, "eager and graph mode trained different weights");
-    assert!(accuracy >= MIN_ACCURACY, "test accuracy {accuracy} below {MIN_ACCURACY}");
+    assert!(
+        accuracy >= MIN_ACCURACY,
+        "test accuracy {accuracy} below {MIN_ACCURACY}"
+    );
     Ok(())
 }

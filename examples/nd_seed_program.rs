@@ -125,7 +125,10 @@ fn main() -> Result<(), Error> {
             f32::from_bits(got[0][0]),
             f32::from_bits(got[3][LEN - 1]),
         );
-        assert!(same, "{label}: the draws differ from the serial generator's");
+        assert!(
+            same,
+            "{label}: the draws differ from the serial generator's"
+        );
         sums.push(sum);
     }
     assert!(

@@ -103,8 +103,13 @@ fn train(engine: &Engine, verbose: bool) -> Result<Vec<Vec<f32>>, Error> {
             println!("  iteration {i:>3}: loss {:.4}", loss.item()?);
         }
     }
-    let all = [&fc1_weight, &fc2_weight].into_iter().chain(&fc1_weights).chain(&fc2_weights);
-    let all = all.map(|w| w.to_vec().wait()).collect::<Result<Vec<_>, _>>()?;
+    let all = [&fc1_weight, &fc2_weight]
+        .into_iter()
+        .chain(&fc1_weights)
+        .chain(&fc2_weights);
+    let all = all
+        .map(|w| w.to_vec().wait())
+        .collect::<Result<Vec<_>, _>>()?;
     let ms = start.elapsed().as_secs_f64() * 1e3 / ITERATIONS as f64;
     println!("  {ms:.1} ms per iteration");
     Ok(all)
@@ -135,15 +140,26 @@ fn main() -> Result<(), Error> {
         .build()?;
     println!("the same program, every device inline (serial):");
     let want = train(&serial, false)?;
-    let bits = |ws: &[Vec<f32>]| ws.concat().into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let bits = |ws: &[Vec<f32>]| {
+        ws.concat()
+            .into_iter()
+            .map(f32::to_bits)
+            .collect::<Vec<_>>()
+    };
     let same = bits(&got) == bits(&want);
-    let copies_agree = got[2..4].iter().all(|c| *c == got[0]) && got[4..].iter().all(|c| *c == got[1]);
-    println!("weights bit-identical to the serial run: {same}; device copies equal the CPU's: {copies_agree}");
+    let copies_agree =
+        got[2..4].iter().all(|c| *c == got[0]) && got[4..].iter().all(|c| *c == got[1]);
+    println!(
+        "weights bit-identical to the serial run: {same}; device copies equal the CPU's: {copies_agree}"
+    );
     println!(
         "code lines (not blank, not comments): this file {}, examples/two_device_net.rs {}",
         code_lines(include_str!("nd_two_device_net.rs")),
         code_lines(include_str!("two_device_net.rs"))
     );
-    assert!(same && copies_agree, "the engine must give the serial program's weights");
+    assert!(
+        same && copies_agree,
+        "the engine must give the serial program's weights"
+    );
     Ok(())
 }
