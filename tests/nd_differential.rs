@@ -368,7 +368,10 @@ impl Gen {
 
     fn push(&mut self, op: Op, shape: Vec<usize>, device: usize, storage: Option<usize>) -> usize {
         let (storage, of_input) = match storage {
-            Some(s) => (s, self.p.slots[self.storage.iter().position(|&x| x == s).unwrap()].2),
+            Some(s) => (
+                s,
+                self.p.slots[self.storage.iter().position(|&x| x == s).unwrap()].2,
+            ),
             None => {
                 self.storages += 1;
                 (self.storages - 1, matches!(op, Op::Input { .. }))
@@ -516,9 +519,15 @@ impl Gen {
                 self.push(Op::Unary { kind, a, operator }, sa, da, None);
             }
             4 => {
-                let Some(target) = self.own_slot() else { return };
+                let Some(target) = self.own_slot() else {
+                    return;
+                };
                 let (st, dt) = (self.shape_of(target), self.device_of(target));
-                let b = self.operand(dt, |s| broadcasts_to(s, &st), |g| g.broadcastable(&st, false));
+                let b = self.operand(
+                    dt,
+                    |s| broadcasts_to(s, &st),
+                    |g| g.broadcastable(&st, false),
+                );
                 let kind = match self.below(5) {
                     0 => None,
                     k => Some(BINS[k - 1]),
@@ -532,7 +541,9 @@ impl Gen {
                 });
             }
             5 => {
-                let Some(target) = self.own_slot() else { return };
+                let Some(target) = self.own_slot() else {
+                    return;
+                };
                 let v = self.value();
                 if self.chance(30) {
                     self.p.ops.push(Op::Fill { target, v });
@@ -564,7 +575,9 @@ impl Gen {
                 want[r - 1] = n;
                 let fits = {
                     let sa = sa.clone();
-                    move |s: &[usize]| s.len() == r && s[..r - 2] == sa[..r - 2] && s[r - 2] == sa[r - 1]
+                    move |s: &[usize]| {
+                        s.len() == r && s[..r - 2] == sa[..r - 2] && s[r - 2] == sa[r - 1]
+                    }
                 };
                 let b = self.operand(da, fits, |_| want);
                 let sb = self.shape_of(b);
@@ -644,7 +657,11 @@ impl Gen {
                 self.push(Op::Concat { parts, axis }, shape, da, None);
             }
             11 | 12 => {
-                let along = if sa.is_empty() { 0 } else { self.below(sa.len()) };
+                let along = if sa.is_empty() {
+                    0
+                } else {
+                    self.below(sa.len())
+                };
                 let kind = match (sa.is_empty(), self.below(9)) {
                     (true, k) | (false, k @ 0..=2) => [Red::Sum, Red::Mean, Red::Max][k % 3],
                     (false, 3) => Red::SumAxis(along),
@@ -695,7 +712,9 @@ impl Gen {
             }
             16 => {
                 // Broadcasts, but to a larger shape than the target's.
-                let Some(target) = self.own_slot() else { return };
+                let Some(target) = self.own_slot() else {
+                    return;
+                };
                 let (st, dt) = (self.shape_of(target), self.device_of(target));
                 if st.len() >= 3 {
                     return;
@@ -800,7 +819,13 @@ fn in_place(kind: Bin, t: &nd::Array, y: &nd::Array, operator: bool) -> Result<(
     }
 }
 
-fn scalar(kind: Bin, x: &nd::Array, s: f32, left: bool, operator: bool) -> Result<nd::Array, Error> {
+fn scalar(
+    kind: Bin,
+    x: &nd::Array,
+    s: f32,
+    left: bool,
+    operator: bool,
+) -> Result<nd::Array, Error> {
     Ok(match (operator, left, kind) {
         (true, false, Bin::Add) => x + s,
         (true, false, Bin::Sub) => x - s,
@@ -1090,7 +1115,10 @@ impl Reference {
 
 fn zip_bin(kind: Bin, x: &ArrayD<f32>, y: &ArrayD<f32>) -> ArrayD<f32> {
     let shape = broadcast(x.shape(), y.shape()).unwrap();
-    let (xb, yb) = (x.broadcast(IxDyn(&shape)).unwrap(), y.broadcast(IxDyn(&shape)).unwrap());
+    let (xb, yb) = (
+        x.broadcast(IxDyn(&shape)).unwrap(),
+        y.broadcast(IxDyn(&shape)).unwrap(),
+    );
     Zip::from(&xb).and(&yb).map_collect(|&x, &y| kind.f(x, y))
 }
 
@@ -1102,9 +1130,10 @@ fn reference(p: &Program) -> Reference {
     let none = BTreeSet::new;
     for op in &p.ops {
         match op {
-            Op::Input { shape, values, .. } => {
-                r.push(ArrayD::from_shape_vec(IxDyn(shape), values.clone()).unwrap(), none())
-            }
+            Op::Input { shape, values, .. } => r.push(
+                ArrayD::from_shape_vec(IxDyn(shape), values.clone()).unwrap(),
+                none(),
+            ),
             Op::Binary { kind, a, b, .. } => {
                 let v = zip_bin(*kind, &r.arr(*a), &r.arr(*b));
                 r.push(v, r.fails(&[*a, *b]));
@@ -1157,8 +1186,7 @@ fn reference(p: &Program) -> Reference {
                         .unwrap();
                     let yv = ArrayView3::from_shape((sb[0], sb[1], sb[2]), y.as_slice().unwrap())
                         .unwrap();
-                    let mut ov =
-                        ArrayViewMut3::from_shape((sa[0], sa[1], sb[2]), &mut o).unwrap();
+                    let mut ov = ArrayViewMut3::from_shape((sa[0], sa[1], sb[2]), &mut o).unwrap();
                     for (i, mut o) in ov.axis_iter_mut(Axis(0)).enumerate() {
                         general_mat_mul(
                             1.0,
@@ -1186,7 +1214,9 @@ fn reference(p: &Program) -> Reference {
             }
             Op::SliceAxis { a, axis, range } => {
                 let x = r.arr(*a);
-                let v = x.slice_axis(Axis(*axis), Slice::from(range.clone())).to_owned();
+                let v = x
+                    .slice_axis(Axis(*axis), Slice::from(range.clone()))
+                    .to_owned();
                 r.push(v, r.fails(&[*a]));
             }
             Op::Concat { parts, axis } => {
@@ -1298,15 +1328,26 @@ fn compare(label: &str, seed: u64, p: &Program, r: &Reference, got: &Got) {
             (Err(e @ Error::Poisoned { cause, .. }), false) => {
                 let op = cause.op_name().unwrap_or("?");
                 if !st.fails.contains(op) {
-                    fail(format!("slot s{i}: failure of `{op}`, want one of {:?}: {e}", st.fails));
+                    fail(format!(
+                        "slot s{i}: failure of `{op}`, want one of {:?}: {e}",
+                        st.fails
+                    ));
                 }
                 let text = e.to_string();
                 if !text.contains(&format!("{op}: shape")) {
-                    fail(format!("slot s{i}: the message does not name `{op}` and the shapes: {text}"));
+                    fail(format!(
+                        "slot s{i}: the message does not name `{op}` and the shapes: {text}"
+                    ));
                 }
             }
-            (Ok(v), false) => fail(format!("slot s{i}: got {v:?}, want a failure of {:?}", st.fails)),
-            (Err(e), _) => fail(format!("slot s{i}: got {e:?}, want {:?} (failures {:?})", st.values, st.fails)),
+            (Ok(v), false) => fail(format!(
+                "slot s{i}: got {v:?}, want a failure of {:?}",
+                st.fails
+            )),
+            (Err(e), _) => fail(format!(
+                "slot s{i}: got {e:?}, want {:?} (failures {:?})",
+                st.values, st.fails
+            )),
         }
     }
 }
@@ -1375,7 +1416,11 @@ fn random_array_programs_agree_with_ndarray_on_every_executor_eager_and_replayed
                 (Ok(()), false) => {}
                 (Err(e), true) => {
                     let op = e.failure().and_then(|f| f.op_name()).unwrap_or("?");
-                    let all: BTreeSet<_> = r.storages.iter().flat_map(|s| s.fails.iter().copied()).collect();
+                    let all: BTreeSet<_> = r
+                        .storages
+                        .iter()
+                        .flat_map(|s| s.fails.iter().copied())
+                        .collect();
                     assert!(
                         all.contains(op),
                         "seed {seed}, replay on {name}: {e}, want a failure of one of {all:?}\n{}",
