@@ -209,6 +209,12 @@ fn making_and_reading_refuse_bad_lengths_and_distributions() {
         "uniform",
         &["inf"],
     );
+    // rand_distr's Normal takes a negative deviation; the docs say no.
+    misfit(
+        arrays.normal(&[2], 0.0, -1.0),
+        "normal",
+        &["-1", "negative"],
+    );
     misfit(arrays.normal(&[2], 0.0, f32::NAN), "normal", &["NaN"]);
 }
 

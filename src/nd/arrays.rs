@@ -204,6 +204,14 @@ impl Arrays {
     ///
     /// [`Error::Array`] unless `std` is finite and not negative.
     pub fn normal(&self, shape: &[usize], mean: f32, std: f32) -> Result<Array, Error> {
+        // rand_distr's `Normal` accepts a negative deviation (drawing
+        // `mean - |std| z`): refused here, as documented.
+        if std < 0.0 {
+            return Err(misfit(
+                "normal",
+                format!("mean {mean}, standard deviation {std}: negative"),
+            ));
+        }
         let dist = Normal::new(mean, std).map_err(|e| {
             misfit(
                 "normal",
