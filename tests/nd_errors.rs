@@ -365,3 +365,19 @@ fn an_intermediate_of_a_recording_cannot_be_read_outside_it() {
     );
     assert!(matches!(x.add(&t), Err(Error::GraphOwned(_))));
 }
+
+#[test]
+fn shapes_whose_element_count_overflows_are_refused_not_a_panic() {
+    let (_engine, arrays) = setup();
+    let huge = [usize::MAX, 2];
+    misfit(arrays.zeros(&huge), "full", &["[18446744073709551615, 2]"]);
+    misfit(arrays.full(&[1 << 40, 1 << 40], 1.0), "full", &["usize"]);
+    misfit(arrays.uniform(&huge, 0.0, 1.0), "uniform", &["usize"]);
+    misfit(arrays.normal(&huge, 0.0, 1.0), "normal", &["usize"]);
+    misfit(arrays.from_vec(vec![1.0], &huge), "from_vec", &["usize"]);
+    let a = arrays.zeros(&[0]).unwrap();
+    misfit(a.reshape(&huge), "reshape", &["usize"]);
+    // A zero length makes any other length fit.
+    assert_eq!(a.reshape(&[usize::MAX, 0]).unwrap().len(), 0);
+    assert_eq!(arrays.zeros(&[0, usize::MAX, 2]).unwrap().len(), 0);
+}

@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal, Uniform};
 
-use super::shape::{Shape, misfit, numel};
+use super::shape::{Shape, checked_numel, misfit};
 use super::{Array, mode};
 use crate::dep::{Device, Var};
 use crate::engine::Engine;
@@ -102,6 +102,7 @@ impl Arrays {
     where
         F: Fn(&mut [f32]) + Send + Sync + 'static,
     {
+        checked_numel(name, shape)?;
         let shape: Shape = shape.into();
         let array = Array::uninit(&self.engine, self.device, shape);
         array.mutate(name, move |data| {
@@ -156,13 +157,14 @@ impl Arrays {
     /// [`Error::Array`] if `values` has another length than `shape`
     /// has elements.
     pub fn from_vec(&self, values: Vec<f32>, shape: &[usize]) -> Result<Array, Error> {
-        if values.len() != numel(shape) {
+        let n = checked_numel("from_vec", shape)?;
+        if values.len() != n {
             return Err(misfit(
                 "from_vec",
                 format!(
                     "{} values for shape {shape:?} ({} elements)",
                     values.len(),
-                    numel(shape)
+                    n
                 ),
             ));
         }
@@ -227,6 +229,7 @@ impl Arrays {
     where
         F: Fn(&mut StdRng, &mut [f32]) + Send + Sync + 'static,
     {
+        checked_numel(name, shape)?;
         let shape: Shape = shape.into();
         let array = Array::uninit(&self.engine, self.device, shape);
         let (rng, data) = (self.rng.clone(), array.buffer().clone());
