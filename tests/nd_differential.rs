@@ -1439,3 +1439,83 @@ fn random_array_programs_agree_with_ndarray_on_every_executor_eager_and_replayed
         assert!(failing >= 5, "only {failing} programs with a failing op");
     }
 }
+
+// ---------------------------------------------------------------- random draws
+
+/// A seed, then uniform and normal draws on every device of `engine`, read.
+fn draws(engine: &Engine, seed: u64) -> Vec<Vec<u32>> {
+    let (arrays, _) = engine_devices(engine);
+    arrays[0].seed(seed).unwrap();
+    let mut made = Vec::new();
+    for round in 0..3 {
+        for a in &arrays {
+            made.push(a.uniform(&[3, 5], -1.0, 1.0 + round as f32).unwrap());
+            made.push(a.normal(&[7], 0.5, 2.0).unwrap());
+        }
+    }
+    let reads: Vec<_> = made.iter().map(|a| a.to_vec()).collect();
+    reads
+        .into_iter()
+        .map(|r| bits(&r.wait().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_seed_gives_the_same_draws_on_every_executor() {
+    let engines = engines();
+    for seed in [0, 7, u64::MAX] {
+        let e = engines[0].1.clone();
+        let want = within(60, move || draws(&e, seed));
+        assert!(
+            want.iter().flatten().collect::<BTreeSet<_>>().len() > 100,
+            "draws vary"
+        );
+        for (name, engine) in &engines[1..] {
+            let e = engine.clone();
+            let got = within(60, move || draws(&e, seed));
+            assert_eq!(got, want, "seed {seed}: {name} against inline");
+        }
+    }
+    let e = engines[0].1.clone();
+    assert_ne!(
+        within(60, move || draws(&e, 1)),
+        within(60, move || draws(&engines[0].1, 2))
+    );
+}
+
+#[test]
+fn draws_inside_a_recording_draw_anew_at_each_replay() {
+    for (name, engine) in engines() {
+        let (arrays, _) = engine_devices(&engine);
+        let a = &arrays[0];
+        a.seed(3).unwrap();
+        let (u, n) = (a.zeros(&[4]).unwrap(), a.zeros(&[2, 2]).unwrap());
+        let graph = nd::record(&engine, || {
+            u.assign(&a.uniform(&[4], 0.0, 1.0)?)?;
+            n.assign(&(a.normal(&[2, 2], 0.0, 1.0)? + 1.0))
+        })
+        .unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let g = graph.clone();
+            within(60, move || g.replay().wait()).unwrap();
+            seen.push((
+                bits(&u.to_vec().wait().unwrap()),
+                bits(&n.to_vec().wait().unwrap()),
+            ));
+        }
+        assert!(
+            seen[0] != seen[1] && seen[1] != seen[2],
+            "{name}: replays drew the same"
+        );
+        // The generator is the engine's: eager draws after the seed give the
+        // same sequence as the replays did.
+        a.seed(3).unwrap();
+        for (i, want) in seen.iter().enumerate() {
+            let x = bits(&a.uniform(&[4], 0.0, 1.0).unwrap().to_vec().wait().unwrap());
+            let y = a.normal(&[2, 2], 0.0, 1.0).unwrap() + 1.0;
+            let y = bits(&y.to_vec().wait().unwrap());
+            assert_eq!((x, y), *want, "{name}: replay {i} against eager draws");
+        }
+    }
+}
