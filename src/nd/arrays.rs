@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal, Uniform};
 
-use super::shape::{Shape, host_device, misfit, numel};
+use super::shape::{Shape, checked_numel, host_device, misfit};
 use super::{Array, mode};
 use crate::dep::{Device, Var};
 use crate::engine::Engine;
@@ -99,6 +99,7 @@ impl Arrays {
     where
         F: Fn(&mut [f32]) + Send + Sync + 'static,
     {
+        checked_numel(name, shape)?;
         let shape: Shape = shape.into();
         let array = Array::uninit(&self.engine, self.device, shape);
         array.mutate(name, move |data| {
@@ -153,13 +154,14 @@ impl Arrays {
     /// [`Error::Array`] if `values` has another length than `shape`
     /// has elements.
     pub fn from_vec(&self, values: Vec<f32>, shape: &[usize]) -> Result<Array, Error> {
-        if values.len() != numel(shape) {
+        let n = checked_numel("from_vec", shape)?;
+        if values.len() != n {
             return Err(misfit(
                 "from_vec",
                 format!(
                     "{} values for shape {shape:?} ({} elements)",
                     values.len(),
-                    numel(shape)
+                    n
                 ),
             ));
         }
@@ -201,6 +203,14 @@ impl Arrays {
     ///
     /// [`Error::Array`] unless `std` is finite and not negative.
     pub fn normal(&self, shape: &[usize], mean: f32, std: f32) -> Result<Array, Error> {
+        // rand_distr's `Normal` accepts a negative deviation (drawing
+        // `mean - |std| z`): refused here, as documented.
+        if std < 0.0 {
+            return Err(misfit(
+                "normal",
+                format!("mean {mean}, standard deviation {std}: negative"),
+            ));
+        }
         let dist = Normal::new(mean, std).map_err(|e| {
             misfit(
                 "normal",
@@ -216,6 +226,7 @@ impl Arrays {
     where
         F: Fn(&mut StdRng, &mut [f32]) + Send + Sync + 'static,
     {
+        checked_numel(name, shape)?;
         let shape: Shape = shape.into();
         let array = Array::uninit(&self.engine, self.device, shape);
         let (rng, data) = (self.rng.clone(), array.buffer().clone());

@@ -28,7 +28,13 @@ impl Array {
     /// [`Error::Array`] if `device` is not a device of the array's engine,
     /// or is a stream device (see [`Arrays::on`](super::Arrays::on)).
     pub fn to(&self, device: Device) -> Result<Array, Error> {
-        host_device("to", self.engine(), device)?;
+        host_device("to", self.engine(), device).map_err(|e| match e {
+            Error::Array { op, message } => Error::Array {
+                op,
+                message: format!("{message} (the array's shape: {:?})", self.shape()),
+            },
+            e => e,
+        })?;
         let result = Array::uninit(self.engine(), device, self.shape_arc().clone());
         copy(self, &result)?;
         Ok(result.tracked("to", &[self], |_| {

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use ndarray::{Axis, Slice};
 
-use super::shape::{Shape, axis, misfit, numel, same_device, view, view_mut};
+use super::shape::{Shape, axis, checked_numel, misfit, same_device, view, view_mut};
 use super::{Array, mode};
 use crate::error::Error;
 
@@ -29,14 +29,15 @@ impl Array {
     ///
     /// [`Error::Array`] if `shape` has another number of elements.
     pub fn reshape(&self, shape: &[usize]) -> Result<Array, Error> {
-        if numel(shape) != self.len() {
+        let n = checked_numel("reshape", shape)?;
+        if n != self.len() {
             return Err(misfit(
                 "reshape",
                 format!(
                     "shape {:?} ({} elements) cannot be seen as {shape:?} ({} elements)",
                     self.shape(),
                     self.len(),
-                    numel(shape)
+                    n
                 ),
             ));
         }

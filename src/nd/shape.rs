@@ -19,6 +19,25 @@ pub(super) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// The number of elements of a shape the caller gave (to make or reshape
+/// an array), checked: a count past `usize` is an error of `op`, where
+/// [`numel`] would overflow (a panic in debug builds, a wrong length in
+/// release ones).
+pub(super) fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize, Error> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            misfit(
+                op,
+                format!("shape {shape:?} has more elements than usize counts"),
+            )
+        })
+}
+
 /// An error of operation `op`.
 pub(super) fn misfit(op: &'static str, message: impl Into<String>) -> Error {
     Error::Array {
