@@ -18,7 +18,9 @@
 //! checked (the value must be the number of ops); ns/op is its time / N.
 //! The four ways run in turn inside each of the `--runs` runs, on one
 //! engine per (size, T), so that they see the same machine; each figure is
-//! the median of the runs. `nd - push` is what the array layer adds.
+//! the median of the runs. `nd - push` is what the array layer adds: the
+//! median of the runs' differences (each run's `nd` and `push` ran one
+//! after the other).
 //!
 //! ```text
 //! cargo bench --features nd --bench nd -- [--quick] [--runs 5]
@@ -73,7 +75,8 @@ enum Form {
     In,
 }
 
-const WAYS: [Way; 4] = [Way::Nd, Way::NdReplay, Way::Push, Way::Ndarray];
+/// In the order they run in each run: `nd` and `push` one after the other.
+const WAYS: [Way; 4] = [Way::Nd, Way::Push, Way::NdReplay, Way::Ndarray];
 const FORMS: [Form; 2] = [Form::Out, Form::In];
 
 impl Way {
@@ -454,15 +457,19 @@ fn main() {
                         ns[i].push(took.as_nanos() as f64 / ops as f64);
                     }
                 }
+                // Paired: each run's nd against the push that ran right
+                // after it, so that a change of the machine's load between
+                // runs cancels.
+                let nd_minus_push = median(ns[0].iter().zip(&ns[1]).map(|(a, b)| a - b).collect());
                 let m: Vec<f64> = ns.into_iter().map(median).collect();
                 println!(
                     "{len:>5} {threads:>2} {:<4} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
                     form.name(),
                     m[0],
-                    m[1],
                     m[2],
+                    m[1],
                     m[3],
-                    m[0] - m[2]
+                    nd_minus_push
                 );
             }
         }
