@@ -329,7 +329,7 @@ pub enum Error {
     /// duplicate devices, replicas of different shapes, an empty batch or
     /// one that does not split evenly; the message says which.
     Parallel(String),
-    /// An array operation ([`nd`](crate::nd), feature `nd`) whose operands
+    /// An array operation (`depflow::nd`, feature `nd`) whose operands
     /// do not fit: shapes that do not broadcast or multiply, an axis out
     /// of range, arrays on different devices or engines. `op` names the
     /// operation, `message` the operands (both shapes).
