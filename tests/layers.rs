@@ -21,8 +21,9 @@ const FLOORS: &[(&str, u8)] = &[
     ("engine", 5),
     // Data-parallel groups, above the engine, on its public API.
     ("parallel", 6),
-    // Arrays (`nd`), above the engine, on its public API.
-    ("nd", 6),
+    // Arrays (`nd`), above the engine and data-parallel groups, on their
+    // public API.
+    ("nd", 7),
     // The planned MPI communicator (`comm`) goes inside `device`.
 ];
 

@@ -179,20 +179,7 @@ impl Array {
     /// [`backward_with`](Self::backward_with)) or no gradient flows to it;
     /// [`Error::ShutDown`] after shutdown.
     pub fn backward(&self) -> Result<(), Error> {
-        if self.len() != 1 {
-            return Err(misfit(
-                "backward",
-                format!(
-                    "shape {:?} is not one element: give the gradient of the result with backward_with",
-                    self.shape()
-                ),
-            ));
-        }
-        let seed = no_grad(|| {
-            let seed = Array::uninit(self.engine(), self.device(), self.shape_arc().clone());
-            seed.fill(1.0).map(|()| seed)
-        })?;
-        self.backward_with(&seed)
+        self.backward_each(&mut |_| Ok(()))
     }
 
     /// Backpropagates from this array with `seed` as its gradient (of its
@@ -215,6 +202,37 @@ impl Array {
                 ),
             ));
         }
+        self.backpropagate_from(seed.clone(), &mut |_| Ok(()))
+    }
+
+    /// [`backward`](Self::backward), calling `on_leaf` for every leaf the
+    /// pass reaches as soon as the last op adding into its gradient is
+    /// pushed: where a data-parallel step hands that gradient on.
+    pub(super) fn backward_each(
+        &self,
+        on_leaf: &mut dyn FnMut(&Array) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        if self.len() != 1 {
+            return Err(misfit(
+                "backward",
+                format!(
+                    "shape {:?} is not one element: give the gradient of the result with backward_with",
+                    self.shape()
+                ),
+            ));
+        }
+        let seed = no_grad(|| {
+            let seed = Array::uninit(self.engine(), self.device(), self.shape_arc().clone());
+            seed.fill(1.0).map(|()| seed)
+        })?;
+        self.backpropagate_from(seed, on_leaf)
+    }
+
+    fn backpropagate_from(
+        &self,
+        seed: Array,
+        on_leaf: &mut dyn FnMut(&Array) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         no_grad(|| match self.grad_kind() {
             Grad::None => Err(misfit(
                 "backward",
@@ -224,8 +242,11 @@ impl Array {
                     self.shape()
                 ),
             )),
-            Grad::Leaf(slot) => accumulate(self, slot, seed),
-            Grad::Node(node) => backpropagate(node, seed.clone()),
+            Grad::Leaf(slot) => {
+                accumulate(self, slot, &seed)?;
+                on_leaf(self)
+            }
+            Grad::Node(node) => backpropagate(node, seed, on_leaf),
         })
     }
 
@@ -263,23 +284,53 @@ fn slot_grad(leaf: &Array, slot: &Slot) -> Array {
 
 /// The backward pass from `root`, whose result's gradient is `seed`: the
 /// nodes in reverse topological order, each one's gradient the sum of
-/// what its users gave it.
-fn backpropagate(root: &Arc<Node>, seed: Array) -> Result<(), Error> {
+/// what its users gave it. `on_leaf` is called once for every leaf the
+/// pass reaches, as soon as the last op adding into its gradient is
+/// pushed (at the end for a leaf whose users gave it none).
+fn backpropagate(
+    root: &Arc<Node>,
+    seed: Array,
+    on_leaf: &mut dyn FnMut(&Array) -> Result<(), Error>,
+) -> Result<(), Error> {
     let order = topological(root);
+    // Each leaf's contributions still to come, in order of appearance.
+    let mut leaves: Vec<(Array, usize)> = Vec::new();
+    let mut leaf_at: HashMap<*const Slot, usize> = HashMap::new();
+    for node in &order {
+        for operand in &node.operands {
+            if let Grad::Leaf(slot) = operand.grad_kind() {
+                let at = *leaf_at.entry(Arc::as_ptr(slot)).or_insert_with(|| {
+                    leaves.push((operand.clone(), 0));
+                    leaves.len() - 1
+                });
+                leaves[at].1 += 1;
+            }
+        }
+    }
     let mut grads: HashMap<*const Node, Array> = HashMap::new();
     grads.insert(Arc::as_ptr(root), seed);
     for node in order.iter().rev() {
-        let Some(grad) = grads.remove(&Arc::as_ptr(node)) else {
-            continue;
+        let grad = grads.remove(&Arc::as_ptr(node));
+        let operand_grads = match &grad {
+            Some(grad) => (node.backward)(grad)?,
+            None => vec![None; node.operands.len()],
         };
-        let operand_grads = (node.backward)(&grad)?;
         debug_assert_eq!(operand_grads.len(), node.operands.len(), "{}", node.op);
         for (operand, g) in node.operands.iter().zip(operand_grads) {
-            let Some(g) = g else { continue };
             match operand.grad_kind() {
                 Grad::None => {}
-                Grad::Leaf(slot) => accumulate(operand, slot, &g)?,
+                Grad::Leaf(slot) => {
+                    if let Some(g) = g {
+                        accumulate(operand, slot, &g)?;
+                    }
+                    let (leaf, left) = &mut leaves[leaf_at[&Arc::as_ptr(slot)]];
+                    *left -= 1;
+                    if *left == 0 {
+                        on_leaf(leaf)?;
+                    }
+                }
                 Grad::Node(n) => {
+                    let Some(g) = g else { continue };
                     let key = Arc::as_ptr(n);
                     let sum = match grads.remove(&key) {
                         Some(acc) => acc.add(&g)?,

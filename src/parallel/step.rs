@@ -61,6 +61,11 @@ impl<'g> DeviceStep<'g> {
         &self.slot.shards[self.d][i]
     }
 
+    /// The number of inputs ([`input`](Self::input) takes `0..` this).
+    pub fn input_count(&self) -> usize {
+        self.slot.shards[self.d].len()
+    }
+
     /// The rows of this device's shard.
     pub fn rows(&self) -> usize {
         self.slot.rows
