@@ -240,6 +240,8 @@ pub fn checks(world: &mpi::topology::SimpleCommunicator) {
     if size <= 2 {
         in_known_order(&engine, &comm);
     }
+    #[cfg(feature = "nd")]
+    nd_across_ranks(&engine, &comm);
     if size >= 2 {
         one_rank_fails(&engine, &comm);
         a_step_fails_on_one_rank(&engine, &comm);
@@ -510,4 +512,64 @@ fn in_known_order(engine: &Engine, comm: &Communicator) {
     // One device per rank: the packed buffer all-reduced as one chunk.
     let (one, _) = train(engine, Some(comm), 1, Data::Plain).unwrap();
     assert_eq!(one[0], reference(size, 1));
+}
+
+/// `nd::DataParallel` over a group across ranks (the `nd` feature): the
+/// same code as in one process; every replica of every rank ends with the
+/// same weights, and training lowers the loss.
+#[cfg(feature = "nd")]
+fn nd_across_ranks(engine: &Engine, comm: &Communicator) {
+    use depflow::nd::nn::{Linear, Module};
+    use depflow::nd::{Arrays, DataParallel};
+    let (rank, size) = (comm.rank(), comm.size());
+    let devs = (0..2).map(|d| engine.device(&format!("d{d}")).unwrap());
+    let group = Group::builder(engine)
+        .devices(devs)
+        .input(WIDTH)
+        .input(1)
+        .optimizer(sgd)
+        .across_ranks(comm)
+        .build()
+        .unwrap();
+    let arrays = Arrays::new(engine);
+    arrays.seed(5).unwrap();
+    let mut dp = DataParallel::new(group, &arrays, |a| Linear::new(a, WIDTH, 1)).unwrap();
+    let mut losses = Vec::new();
+    for b in 0..BATCHES * 4 {
+        let (x, y) = batch(b % BATCHES, false);
+        let share = ROWS / size;
+        let (x, y) = rows(&x, &y, rank * share, (rank + 1) * share);
+        let mut loss = 0.0;
+        dp.step(vec![x, y], |m, inputs, batch_rows| {
+            let l = m
+                .forward(&inputs[0])?
+                .sub(&inputs[1])?
+                .square()?
+                .sum()?
+                .div_scalar(batch_rows as f32)?;
+            loss += l.item()?;
+            Ok(l)
+        })
+        .unwrap();
+        losses.push(loss);
+    }
+    let replicas: Vec<Vec<f32>> = (0..2)
+        .map(|d| dp.replica(d).weight.to_vec().wait().unwrap())
+        .collect();
+    assert_eq!(replicas[0], replicas[1], "rank {rank}: replicas differ");
+    let w = digest32(&replicas[0]);
+    assert!(
+        gathered(engine, comm, w).iter().all(|&x| x == w),
+        "rank {rank}: the ranks' nd replicas differ"
+    );
+    // The same batches in the first round and the last.
+    let (first, last): (f32, f32) = (
+        losses[..BATCHES].iter().sum(),
+        losses[losses.len() - BATCHES..].iter().sum(),
+    );
+    assert!(
+        last < first,
+        "rank {rank}: the loss did not fall: {losses:?}"
+    );
+    println!("rank {rank}: nd::DataParallel across {size} ranks: replicas identical ({w:016x})");
 }
