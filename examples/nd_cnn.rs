@@ -407,16 +407,31 @@ fn compare(a: &Args, train_n: usize) -> Result<bool, String> {
     );
     println!(
         "{:<11} {:>10} {:>9} {:>13} {:>14} {:>13} {:>10} {:>8}",
-        "mode", "ms/iter", "images/s", "arena MiB", "peak RSS MiB", "heap peak MiB", "reduction", "speedup"
+        "mode",
+        "ms/iter",
+        "images/s",
+        "arena MiB",
+        "peak RSS MiB",
+        "heap peak MiB",
+        "reduction",
+        "speedup"
     );
     for r in &reports {
-        let arena = r.arena.map_or("n/a".into(), |b| format!("{:.2}", mib(b as f64)));
+        let arena = r
+            .arena
+            .map_or("n/a".into(), |b| format!("{:.2}", mib(b as f64)));
         let (reduction, speedup) = if r.mode == "eager" {
             ("-".to_string(), "-".to_string())
         } else {
             (
-                format!("{:.1}%", 100.0 * (1.0 - r.rss_kib as f64 / eager.rss_kib as f64)),
-                format!("{:.2}x", eager.per_step.as_secs_f64() / r.per_step.as_secs_f64()),
+                format!(
+                    "{:.1}%",
+                    100.0 * (1.0 - r.rss_kib as f64 / eager.rss_kib as f64)
+                ),
+                format!(
+                    "{:.2}x",
+                    eager.per_step.as_secs_f64() / r.per_step.as_secs_f64()
+                ),
             )
         };
         println!(
@@ -431,7 +446,9 @@ fn compare(a: &Args, train_n: usize) -> Result<bool, String> {
             speedup
         );
     }
-    println!("(reduction: of the peak RSS against eager's; speedup: eager's time per iteration over the mode's)");
+    println!(
+        "(reduction: of the peak RSS against eager's; speedup: eager's time per iteration over the mode's)"
+    );
     for r in &reports[1..] {
         let (arena, all) = (r.arena.unwrap_or(0), r.unplanned.unwrap_or(0));
         println!(
