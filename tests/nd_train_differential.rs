@@ -913,7 +913,7 @@ fn dp_reference(
 fn dp_train(
     net: &Network,
     n: usize,
-    executor: fn() -> Executor,
+    executor: MakeExecutor,
     bucket_bytes: usize,
 ) -> Result<Vec<Vec<Vec<u32>>>, Error> {
     let mut builder = Engine::builder();
@@ -956,8 +956,11 @@ fn dp_train(
     Ok(replicas)
 }
 
+/// Makes one device's executor.
+type MakeExecutor = fn() -> Executor;
+
 /// The device kinds the row trains on, named.
-fn dp_kinds() -> [(&'static str, fn() -> Executor); 2] {
+fn dp_kinds() -> [(&'static str, MakeExecutor); 2] {
     [
         ("pool(1)", || Executor::pool(1)),
         ("inline", Executor::inline),
