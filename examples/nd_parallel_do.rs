@@ -55,9 +55,16 @@ fn block(arrays: &Arrays) -> Result<Sequential, Error> {
         .push(Linear::new(arrays, HIDDEN, CLASSES)?))
 }
 
-/// One run on `n` devices: the weights of every replica, the test
-/// accuracy, the seconds per step.
-fn run(data: &Data, n: usize) -> Result<(Vec<Vec<Vec<f32>>>, f32, f64), Error> {
+/// What a run gives: the weights of every replica (per parameter), the
+/// test accuracy, the seconds per step.
+struct Run {
+    weights: Vec<Vec<Vec<f32>>>,
+    accuracy: f32,
+    per_step: f64,
+}
+
+/// One run on `n` devices.
+fn run(data: &Data, n: usize) -> Result<Run, Error> {
     let mut builder = Engine::builder();
     for d in 0..n {
         builder = builder.device(format!("gpu{d}"), Executor::pool(1));
@@ -123,7 +130,11 @@ fn run(data: &Data, n: usize) -> Result<(Vec<Vec<Vec<f32>>>, f32, f64), Error> {
         .from_vec(data.test_y.clone(), &[test])?;
     let predicted = nd::no_grad(|| pd.replica(0).forward(&x)?.softmax(1)?.argmax(1))?;
     let accuracy = predicted.eq(&y)?.mean()?.item()?;
-    Ok((weights, accuracy, per_step))
+    Ok(Run {
+        weights,
+        accuracy,
+        per_step,
+    })
 }
 
 fn main() -> Result<(), Error> {
@@ -131,7 +142,11 @@ fn main() -> Result<(), Error> {
     let mut one_device = None;
     let mut ok = true;
     for n in [1, 2, 4] {
-        let (weights, accuracy, per_step) = run(&data, n)?;
+        let Run {
+            weights,
+            accuracy,
+            per_step,
+        } = run(&data, n)?;
         let alike = weights.iter().all(|w| *w == weights[0]);
         let from_one = one_device.get_or_insert_with(|| weights[0].clone());
         let diff = weights[0]

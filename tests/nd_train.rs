@@ -142,3 +142,23 @@ fn bad_input_to_layers_and_optimizers_is_an_error() {
         Err(Error::Array { op: "one_hot", .. })
     ));
 }
+
+#[test]
+fn one_hot_of_fed_labels_works_in_a_recorded_step_and_refuses_non_classes() {
+    let engine = Engine::new();
+    let arrays = Arrays::new(&engine);
+    let labels = arrays.zeros(&[3, 1]).unwrap();
+    let out = arrays.zeros(&[3, 2]).unwrap();
+    let graph = nd::record(&engine, || out.assign(&labels.one_hot(2)?)).unwrap();
+    labels.set(vec![1.0, 0.0, 1.0]).unwrap();
+    graph.replay();
+    assert_eq!(out.to_vec().wait().unwrap(), [0.0, 1.0, 1.0, 0.0, 0.0, 1.0]);
+    // A label that is no class fails the op; the read names it.
+    labels.set(vec![1.0, 2.0, 0.5]).unwrap();
+    let err = labels.one_hot(2).unwrap().to_vec().wait().unwrap_err();
+    assert!(err.to_string().contains("label 2 (row 1)"), "{err}");
+    assert!(matches!(
+        arrays.zeros(&[2, 2]).unwrap().one_hot(2),
+        Err(Error::Array { op: "one_hot", .. })
+    ));
+}

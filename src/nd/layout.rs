@@ -227,3 +227,60 @@ pub fn concat(arrays: &[&Array], along: usize) -> Result<Array, Error> {
         })
     }))
 }
+
+impl Array {
+    /// One-hot rows for these class labels (class indices as `f32`, shape
+    /// `[n]` or `[n, 1]`): `[n, classes]`, as one op, so that labels fed
+    /// into an array (`set`) become targets inside a recorded step.
+    ///
+    /// ```
+    /// use depflow::{Engine, Error, nd};
+    ///
+    /// let arrays = nd::Arrays::new(&Engine::new());
+    /// let labels = arrays.from_vec(vec![2.0, 0.0], &[2])?;
+    /// assert_eq!(labels.one_hot(3)?.to_vec().wait()?, [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Array`] for another shape; the op fails (and its result is
+    /// poisoned) for a label that is not a class below `classes`.
+    pub fn one_hot(&self, classes: usize) -> Result<Array, Error> {
+        const OP: &str = "one_hot";
+        let n = match self.shape() {
+            [n] | [n, 1] => *n,
+            shape => {
+                return Err(misfit(
+                    OP,
+                    format!("labels of shape {shape:?} are not [n] or [n, 1]"),
+                ));
+            }
+        };
+        let result = Array::uninit(self.engine(), self.device(), [n, classes].into());
+        let (x, o) = (self.buffer().clone(), result.buffer().clone());
+        mode::submit(
+            self.engine(),
+            self.device(),
+            OP,
+            &[self.buffer()],
+            &[result.buffer()],
+            move |ctx| {
+                let (labels, mut rows) = (ctx.read(&x)?, ctx.write(&o)?);
+                rows.fill(0.0);
+                for (i, &label) in labels.iter().enumerate() {
+                    let class = label as usize;
+                    if label < 0.0 || class as f32 != label || class >= classes {
+                        return Err(format!(
+                            "label {label} (row {i}) is not a class below {classes}"
+                        )
+                        .into());
+                    }
+                    rows[i * classes + class] = 1.0;
+                }
+                Ok(())
+            },
+        )?;
+        Ok(result)
+    }
+}

@@ -60,6 +60,58 @@
 //! The same function runs eagerly when called outside [`record`]: the
 //! choice is the caller's (SINGA's `model.graph(True)`). See [`record`].
 //!
+//! Graph mode order: [`record`] replays in [`Order::Parallel`](crate::Order);
+//! for SINGA's sequential mode, record with
+//! `engine.record(|rec| { rec.order(Order::Sequential); nd::recording(rec, step) })`.
+//!
+//! # Training
+//!
+//! Autograd: [`Array::with_grad`] makes a parameter (a leaf); every
+//! operation on arrays a gradient flows through adds a node to a graph,
+//! and [`Array::backward`] pushes the backward pass as array operations
+//! (engine ops, running as their inputs allow; recorded inside
+//! [`record`]), accumulating each leaf's gradient into [`Array::grad`]
+//! until [`Array::zero_grad`]. [`no_grad`] turns it off (updates,
+//! evaluation). [`nn`] has the layers behind one trait ([`nn::Module`])
+//! and the loss; [`optim`] the optimizers, one in-place op per parameter;
+//! [`DataParallel`] replicates a module over a
+//! [`parallel::Group`](crate::parallel::Group)'s devices (and ranks),
+//! each gradient handed to the group's all-reduce as soon as the backward
+//! pass has pushed it.
+//!
+//! ```
+//! use depflow::nd::nn::{self, Linear, Module, Relu, Sequential};
+//! use depflow::nd::{self, optim::Sgd};
+//! use depflow::{Engine, Error};
+//!
+//! let engine = Engine::new();
+//! let arrays = nd::Arrays::new(&engine);
+//! let model = Sequential::new()
+//!     .push(Linear::new(&arrays, 2, 8)?)
+//!     .push(Relu)
+//!     .push(Linear::new(&arrays, 8, 2)?);
+//! let sgd = Sgd::new(model.parameters(), 0.5);
+//! let (x, y) = (arrays.normal(&[16, 2], 0.0, 1.0)?, arrays.zeros(&[16, 2])?);
+//! let labels = x.slice_axis(1, 0..1)?.gt_scalar(0.0)?; // class 1 where x₀ > 0
+//! let targets = nd::concat(&[&labels.rsub_scalar(1.0)?, &labels], 1)?;
+//! y.assign(&targets)?;
+//!
+//! // One step, written once; recorded here, then replayed.
+//! let step = || -> Result<(), Error> {
+//!     sgd.zero_grad()?;
+//!     nn::softmax_cross_entropy(&model.forward(&x)?, &y)?.backward()?;
+//!     sgd.step()
+//! };
+//! let graph = nd::record(&engine, step)?;
+//! let before = nn::softmax_cross_entropy(&model.forward(&x)?, &y)?.item()?;
+//! for _ in 0..50 {
+//!     graph.replay();
+//! }
+//! let after = nn::softmax_cross_entropy(&model.forward(&x)?, &y)?.item()?;
+//! assert!(after < before);
+//! # Ok::<(), Error>(())
+//! ```
+//!
 //! # Devices
 //!
 //! [`Arrays::on`] makes arrays on another device of the engine; operands
@@ -69,7 +121,7 @@
 //! the simulated GPU) are not built yet: [`Arrays::on`] and
 //! [`Array::to`] refuse them with [`Error::Array`](crate::Error::Array).
 //!
-//! The layer uses only the engine's public API.
+//! The layer uses only the public API of the engine and of `parallel`.
 
 mod array;
 mod arrays;
