@@ -209,6 +209,30 @@ fn replicas_that_do_not_match_or_sit_on_another_device_are_refused() {
     let arrays = Arrays::new(&engine);
     let err = DataParallel::new(group, &arrays, |_| Linear::new(&arrays, 2, 1)).unwrap_err();
     assert!(err.to_string().contains("not on its device"), "{err}");
+    // A group that has parameters of its own already.
+    let (engine, mut group) = two_device_group();
+    group.param(&[0.0]).unwrap();
+    let err =
+        DataParallel::new(group, &Arrays::new(&engine), |a| Linear::new(a, 2, 1)).unwrap_err();
+    assert!(matches!(err, Error::Parallel(_)), "{err}");
+    // A module that lists a parameter twice.
+    struct Twice(Linear);
+    impl Module for Twice {
+        fn forward(&self, x: &nd::Array) -> Result<nd::Array, Error> {
+            self.0.forward(x)
+        }
+        fn parameters(&self) -> Vec<nd::Array> {
+            let mut p = self.0.parameters();
+            p.push(self.0.weight.clone());
+            p
+        }
+    }
+    let (engine, group) = two_device_group();
+    let err = DataParallel::new(group, &Arrays::new(&engine), |a| {
+        Ok(Twice(Linear::new(a, 2, 1)?))
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("twice"), "{err}");
 }
 
 #[test]

@@ -88,20 +88,36 @@ impl<M: Module> DataParallel<M> {
     ///
     /// # Errors
     ///
+    /// [`Error::Parallel`] if the group already has parameters;
     /// [`Error::Array`] if the replicas' parameters differ in number or
-    /// shape, or one is not on its replica's device; what `make` returns;
-    /// the group's errors adding parameters ([`Group::param`]).
+    /// shape, one is not on its replica's device, or a module lists one
+    /// twice; what `make` returns; the group's errors adding parameters
+    /// ([`Group::param`]).
     pub fn new(
         mut group: Group,
         arrays: &Arrays,
         make: impl Fn(&Arrays) -> Result<M, Error>,
     ) -> Result<DataParallel<M>, Error> {
+        if group.param_count() != 0 {
+            return Err(Error::Parallel(format!(
+                "the group already has {} parameter(s): DataParallel adds the module's own",
+                group.param_count()
+            )));
+        }
         let devices: Vec<_> = group.devices().collect();
         let replicas = devices
             .iter()
             .map(|&d| make(&arrays.on(d)?))
             .collect::<Result<Vec<M>, Error>>()?;
         let first = replicas[0].parameters();
+        if let Some(j) =
+            (1..first.len()).find(|&j| first[..j].iter().any(|p| p.shares_data(&first[j])))
+        {
+            return Err(misfit(
+                "data_parallel",
+                format!("the module lists parameter {j} twice: each parameter once"),
+            ));
+        }
         for (d, replica) in replicas.iter().enumerate() {
             if let Some(p) = replica
                 .parameters()

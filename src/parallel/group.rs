@@ -122,6 +122,11 @@ impl Group {
         self.rank_count
     }
 
+    /// How many parameters the group has ([`param`](Self::param)).
+    pub fn param_count(&self) -> usize {
+        self.params.len()
+    }
+
     /// The group's devices, in order.
     pub fn devices(&self) -> impl ExactSizeIterator<Item = Device> + '_ {
         self.members.iter().map(|m| m.device)
