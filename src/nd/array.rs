@@ -14,7 +14,9 @@ use std::task::{Context, Poll};
 
 use super::autograd::Grad;
 use super::mode;
-use super::shape::{Shape, numel};
+use ndarray::{ArrayViewD, ArrayViewMutD};
+
+use super::shape::{Shape, numel, view, view_mut};
 use crate::dep::{Buffer, Device, OpCtx};
 use crate::engine::{Engine, OpHandle};
 use crate::error::{BoxError, Error};
@@ -65,6 +67,38 @@ impl Array {
                 grad: Grad::None,
             }),
         }
+    }
+
+    /// A new array of `shape` computed from `self` by one op: `kernel`
+    /// gets `self`'s values and the result's, as views of their shapes.
+    /// What most single-operand operations are.
+    pub(super) fn derived<K>(
+        &self,
+        op: &'static str,
+        shape: Shape,
+        kernel: K,
+    ) -> Result<Array, Error>
+    where
+        K: Fn(ArrayViewD<'_, f32>, ArrayViewMutD<'_, f32>) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let result = Array::uninit(self.engine(), self.device(), shape.clone());
+        let (x, o) = (self.buffer().clone(), result.buffer().clone());
+        let sx = self.shape_arc().clone();
+        mode::submit(
+            self.engine(),
+            self.device(),
+            op,
+            &[self.buffer()],
+            &[result.buffer()],
+            move |ctx| {
+                let (xd, mut od) = (ctx.read(&x)?, ctx.write(&o)?);
+                kernel(view(&sx, &xd)?, view_mut(&shape, &mut od)?)
+            },
+        )?;
+        Ok(result)
     }
 
     pub(super) fn grad_kind(&self) -> &Grad {

@@ -76,24 +76,10 @@ impl Array {
         let (range_start, range_end) = (range.start, range.end);
         let mut shape = self.shape().to_vec();
         shape[along] = range.len();
-        let shape: Shape = shape.into();
-        let result = Array::uninit(self.engine(), self.device(), shape.clone());
-        let (x, o) = (self.buffer().clone(), result.buffer().clone());
-        let sx = self.shape_arc().clone();
-        mode::submit(
-            self.engine(),
-            self.device(),
-            OP,
-            &[self.buffer()],
-            &[result.buffer()],
-            move |ctx| {
-                let (xd, mut od) = (ctx.read(&x)?, ctx.write(&o)?);
-                let whole = view(&sx, &xd)?;
-                let part = whole.slice_axis(Axis(along), Slice::from(range.clone()));
-                view_mut(&shape, &mut od)?.assign(&part);
-                Ok(())
-            },
-        )?;
+        let result = self.derived(OP, shape.into(), move |x, mut o| {
+            o.assign(&x.slice_axis(Axis(along), Slice::from(range.clone())));
+            Ok(())
+        })?;
         Ok(result.tracked(OP, &[self], |_| {
             let x = self.detach();
             let (start, end) = (range_start, range_end);

@@ -4,7 +4,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Axis};
 
-use super::shape::{Shape, misfit, same_device, view, view_mut};
+use super::shape::{Shape, misfit, same_device};
 use super::{Array, mode};
 use crate::error::Error;
 
@@ -132,24 +132,12 @@ impl Array {
             ));
         }
         let shape: Shape = axes.iter().map(|&a| self.shape()[a]).collect();
-        let result = Array::uninit(self.engine(), self.device(), shape.clone());
-        let (x, o) = (self.buffer().clone(), result.buffer().clone());
-        let sx = self.shape_arc().clone();
         let kept: Box<[usize]> = axes.into();
         let axes = kept.clone();
-        mode::submit(
-            self.engine(),
-            self.device(),
-            OP,
-            &[self.buffer()],
-            &[result.buffer()],
-            move |ctx| {
-                let (xd, mut od) = (ctx.read(&x)?, ctx.write(&o)?);
-                let permuted = view(&sx, &xd)?.permuted_axes(&axes[..]);
-                view_mut(&shape, &mut od)?.assign(&permuted);
-                Ok(())
-            },
-        )?;
+        let result = self.derived(OP, shape, move |x, mut o| {
+            o.assign(&x.permuted_axes(&axes[..]));
+            Ok(())
+        })?;
         Ok(result.tracked(OP, &[self], |_| {
             let mut inverse = vec![0; kept.len()];
             for (i, &a) in kept.iter().enumerate() {

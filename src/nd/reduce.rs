@@ -5,15 +5,27 @@
 
 use ndarray::{ArrayViewD, ArrayViewMutD, Axis, Zip};
 
-use super::shape::{Shape, axis, misfit, view, view_mut};
-use super::{Array, mode};
+use super::Array;
+use super::shape::{Shape, axis, misfit};
 use crate::error::{BoxError, Error};
-
-/// A kernel from an input view to an output view.
-type Kernel = fn(ArrayViewD<'_, f32>, ArrayViewMutD<'_, f32>, usize) -> Result<(), BoxError>;
 
 fn max_of(x: &ArrayViewD<'_, f32>, along: usize) -> ndarray::ArrayD<f32> {
     x.fold_axis(Axis(along), f32::NEG_INFINITY, |&m, &v| m.max(v))
+}
+
+/// Writes `f(x - max)` into `o`, the max taken per lane along `along`:
+/// the first step of both softmaxes, for stability.
+fn shifted_by_max(
+    x: &ArrayViewD<'_, f32>,
+    o: &mut ArrayViewMutD<'_, f32>,
+    along: usize,
+    f: impl Fn(f32) -> f32,
+) {
+    let max = max_of(x, along).insert_axis(Axis(along));
+    Zip::from(o)
+        .and(x)
+        .and_broadcast(&max)
+        .for_each(|o, &x, &m| *o = f(x - m));
 }
 
 /// What a reduction (or softmax) computed, for its gradient: the axis, or
@@ -84,8 +96,13 @@ impl Reduction {
     }
 }
 
+/// A reduction's kernel: from the input's view to the result's, along an
+/// axis.
+type Kernel = fn(ArrayViewD<'_, f32>, ArrayViewMutD<'_, f32>, usize) -> Result<(), BoxError>;
+
 impl Array {
-    /// [`reduced`](Self::reduced), and the result's gradient.
+    /// The reduction `what` of `self` into a new array of `shape` by
+    /// `kernel` (given the axis `along`), and the result's gradient.
     fn reduction(
         &self,
         what: Reduction,
@@ -93,37 +110,11 @@ impl Array {
         along: usize,
         kernel: Kernel,
     ) -> Result<Array, Error> {
-        let out = self.reduced(what.name(), shape, along, kernel)?;
+        let out = self.derived(what.name(), shape, move |x, o| kernel(x, o, along))?;
         Ok(out.tracked(what.name(), &[self], |y| {
             let x = self.clone();
             Box::new(move |dy| Ok(vec![Some(what.grad(&x, &y, dy)?)]))
         }))
-    }
-
-    /// One op from `self` into a new array of `shape`, by `kernel` (given
-    /// the axis `along`).
-    fn reduced(
-        &self,
-        op: &'static str,
-        shape: Shape,
-        along: usize,
-        kernel: Kernel,
-    ) -> Result<Array, Error> {
-        let result = Array::uninit(self.engine(), self.device(), shape.clone());
-        let (x, o) = (self.buffer().clone(), result.buffer().clone());
-        let sx = self.shape_arc().clone();
-        mode::submit(
-            self.engine(),
-            self.device(),
-            op,
-            &[self.buffer()],
-            &[result.buffer()],
-            move |ctx| {
-                let (xd, mut od) = (ctx.read(&x)?, ctx.write(&o)?);
-                kernel(view(&sx, &xd)?, view_mut(&shape, &mut od)?, along)
-            },
-        )?;
-        Ok(result)
     }
 
     /// `self`'s shape without axis `along`, checked.
@@ -219,7 +210,7 @@ impl Array {
                 format!("axis {along} of shape {:?} is empty", self.shape()),
             ));
         }
-        self.reduced("argmax", shape, along, |x, mut o, along| {
+        self.derived("argmax", shape, move |x, mut o| {
             Zip::from(&mut o)
                 .and(x.lanes(Axis(along)))
                 .for_each(|o, lane| {
@@ -294,11 +285,7 @@ impl Array {
             self.shape_arc().clone(),
             along,
             |x, mut o, along| {
-                let max = max_of(&x, along).insert_axis(Axis(along));
-                Zip::from(&mut o)
-                    .and(&x)
-                    .and_broadcast(&max)
-                    .for_each(|o, &x, &m| *o = (x - m).exp());
+                shifted_by_max(&x, &mut o, along, f32::exp);
                 let sum = o.sum_axis(Axis(along)).insert_axis(Axis(along));
                 Zip::from(&mut o)
                     .and_broadcast(&sum)
@@ -322,11 +309,7 @@ impl Array {
             self.shape_arc().clone(),
             along,
             |x, mut o, along| {
-                let max = max_of(&x, along).insert_axis(Axis(along));
-                Zip::from(&mut o)
-                    .and(&x)
-                    .and_broadcast(&max)
-                    .for_each(|o, &x, &m| *o = x - m);
+                shifted_by_max(&x, &mut o, along, |d| d);
                 let log_sum = o
                     .mapv(f32::exp)
                     .sum_axis(Axis(along))
