@@ -221,11 +221,27 @@ impl Array {
                 ),
             ));
         }
+        if !self.requires_grad() {
+            // Before the seed's op: nothing is pushed for a refused pass.
+            return Err(self.no_gradient());
+        }
         let seed = no_grad(|| {
             let seed = Array::uninit(self.engine(), self.device(), self.shape_arc().clone());
             seed.fill(1.0).map(|()| seed)
         })?;
         self.backpropagate_from(seed, on_leaf)
+    }
+
+    /// Why a backward pass from this array is refused.
+    fn no_gradient(&self) -> Error {
+        misfit(
+            "backward",
+            format!(
+                "no gradient flows to this array of shape {:?}: it was not made from an array \
+                 that requires one (with_grad), or was made under no_grad",
+                self.shape()
+            ),
+        )
     }
 
     fn backpropagate_from(
@@ -234,14 +250,7 @@ impl Array {
         on_leaf: &mut dyn FnMut(&Array) -> Result<(), Error>,
     ) -> Result<(), Error> {
         no_grad(|| match self.grad_kind() {
-            Grad::None => Err(misfit(
-                "backward",
-                format!(
-                    "no gradient flows to this array of shape {:?}: it was not made from an array \
-                     that requires one (with_grad), or was made under no_grad",
-                    self.shape()
-                ),
-            )),
+            Grad::None => Err(self.no_gradient()),
             Grad::Leaf(slot) => {
                 accumulate(self, slot, &seed)?;
                 on_leaf(self)
