@@ -69,6 +69,19 @@ impl Array {
         }
     }
 
+    /// A new array of `shape` on `device` with a buffer of the engine's
+    /// own, zeroed, even inside a recording: state that outlives one (a
+    /// gradient, an optimizer's moments, a data-parallel step's inputs).
+    pub(super) fn zeroed_outside(engine: &Engine, device: Device, shape: Shape) -> Array {
+        let data = engine.buffer(numel(&shape));
+        Self::over(engine, device, shape, data)
+    }
+
+    /// [`zeroed_outside`](Self::zeroed_outside), like `self`.
+    pub(super) fn zeroed_like(&self) -> Array {
+        Self::zeroed_outside(self.engine(), self.device(), self.shape_arc().clone())
+    }
+
     /// A new array of `shape` computed from `self` by one op: `kernel`
     /// gets `self`'s values and the result's, as views of their shapes.
     /// What most single-operand operations are.

@@ -225,10 +225,7 @@ impl Array {
             // Before the seed's op: nothing is pushed for a refused pass.
             return Err(self.no_gradient());
         }
-        let seed = no_grad(|| {
-            let seed = Array::uninit(self.engine(), self.device(), self.shape_arc().clone());
-            seed.fill(1.0).map(|()| seed)
-        })?;
+        let seed = no_grad(|| self.full(self.shape(), 1.0))?;
         self.backpropagate_from(seed, on_leaf)
     }
 
@@ -284,11 +281,7 @@ fn accumulate(leaf: &Array, slot: &Slot, grad: &Array) -> Result<(), Error> {
 /// outlives it.
 fn slot_grad(leaf: &Array, slot: &Slot) -> Array {
     let mut held = slot.grad.lock().unwrap_or_else(|e| e.into_inner());
-    held.get_or_insert_with(|| {
-        let data = leaf.engine().buffer(leaf.len());
-        Array::over(leaf.engine(), leaf.device(), leaf.shape_arc().clone(), data)
-    })
-    .clone()
+    held.get_or_insert_with(|| leaf.zeroed_like()).clone()
 }
 
 /// The backward pass from `root`, whose result's gradient is `seed`: the

@@ -271,10 +271,7 @@ fn shard_arrays<'a, M: Module>(
             .ok_or_else(|| misfit("data_parallel", "a module with no parameters"))?;
         *kept = widths
             .iter()
-            .map(|&width| {
-                let data = engine.buffer(rows * width);
-                Array::over(&engine, device, [rows, width].into(), data)
-            })
+            .map(|&width| Array::zeroed_outside(&engine, device, [rows, width].into()))
             .collect();
     }
     Ok(kept)

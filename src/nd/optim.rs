@@ -28,12 +28,6 @@ fn gradient(op: &'static str, i: usize, p: &Array) -> Result<Array, Error> {
     })
 }
 
-/// A zeroed array of the engine's own, like `p`.
-fn state_like(p: &Array) -> Array {
-    let data = p.engine().buffer(p.len());
-    Array::over(p.engine(), p.device(), p.shape_arc().clone(), data)
-}
-
 /// Stochastic gradient descent with momentum: `v = μ v + g`, `p −= lr v`
 /// (`p −= lr g` without momentum).
 ///
@@ -76,7 +70,7 @@ impl Sgd {
         self.velocities = if momentum == 0.0 {
             Vec::new()
         } else {
-            self.params.iter().map(state_like).collect()
+            self.params.iter().map(Array::zeroed_like).collect()
         };
         self
     }
@@ -174,7 +168,7 @@ impl Adam {
         Ok(Adam {
             moments: params
                 .iter()
-                .map(|p| (state_like(p), state_like(p)))
+                .map(|p| (p.zeroed_like(), p.zeroed_like()))
                 .collect(),
             params,
             t: engine.var_named("adam step", 0u64),
