@@ -336,8 +336,10 @@ pub enum Error {
     Array {
         /// The operation (`"add"`, `"matmul"`, ...).
         op: &'static str,
-        /// What did not fit, with the operands' shapes.
-        message: String,
+        /// What did not fit, with the operands' shapes. (A `Box<str>`, not
+        /// a `String`: it keeps `Error` at 40 bytes, the size every
+        /// `Result` of a push carries.)
+        message: Box<str>,
     },
     /// The closure given to [`Engine::record`](crate::Engine::record)
     /// returned an error of its own (not a depflow `Error`, which comes

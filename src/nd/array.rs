@@ -221,14 +221,14 @@ impl Array {
     /// [`wait_to_read`](Self::wait_to_read).
     pub fn item(&self) -> Result<f32, Error> {
         if self.len() != 1 {
-            return Err(Error::Array {
-                op: "item",
-                message: format!(
+            return Err(super::shape::misfit(
+                "item",
+                format!(
                     "shape {:?} has {} elements, not 1",
                     self.shape(),
                     self.len()
                 ),
-            });
+            ));
         }
         self.read_with("item", |x| Ok(x[0])).wait()
     }

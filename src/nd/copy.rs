@@ -31,7 +31,7 @@ impl Array {
         host_device("to", self.engine(), device).map_err(|e| match e {
             Error::Array { op, message } => Error::Array {
                 op,
-                message: format!("{message} (the array's shape: {:?})", self.shape()),
+                message: format!("{message} (the array's shape: {:?})", self.shape()).into(),
             },
             e => e,
         })?;

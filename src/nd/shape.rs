@@ -42,7 +42,7 @@ pub(super) fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize, 
 pub(super) fn misfit(op: &'static str, message: impl Into<String>) -> Error {
     Error::Array {
         op,
-        message: message.into(),
+        message: message.into().into_boxed_str(),
     }
 }
 
